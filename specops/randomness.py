@@ -1,0 +1,105 @@
+"""The randomness contract: counter-based Philox4x32-10 and the slot layout of a request.
+
+Every random number the sampler uses is a pure function of (seed, offset, stream, slot), so the
+pure-torch reference, the Triton kernel under ``TRITON_INTERPRET=1`` and the Triton kernel on a GPU
+draw the same numbers bit for bit, whatever the launch configuration.  ``docs/randomness.md``
+describes the layout; ``specops/kernels/philox.py`` is the Triton twin of this file.
+
+Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
+    key     = (seed low 32 bits, seed high 32 bits)
+    counter = (slot, stream, offset low 32 bits, offset high 32 bits)
+and the first of the four output words becomes one uniform.
+
+Slots of one request (N draft positions, K = ceil(V / CHUNK_SIZE) vocabulary chunks):
+    slot j,          j < N : the acceptance coin of draft position j
+    slot N                 : the inverse-CDF uniform inside the winning chunk
+    slot N + 1 + k,  k < K : the exponential-race uniform of chunk k
+
+stream = the request's batch row when one seed serves the whole batch, 0 when every request has
+its own seed (so a request's tokens then depend only on its own inputs, seed and offset).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Vocabulary chunk of the exponential race. Part of the contract: changing it changes which
+# uniform each token sees, so every fixed-seed output would change.
+CHUNK_SIZE = 1024
+
+PHILOX_ROUNDS = 10
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9  # golden ratio
+PHILOX_W1 = 0xBB67AE85  # sqrt(3) - 1
+
+_MASK32 = 0xFFFFFFFF
+
+
+def num_chunks(vocab_size: int) -> int:
+    return (vocab_size + CHUNK_SIZE - 1) // CHUNK_SIZE
+
+
+def cdf_slot(num_draft: int) -> int:
+    return num_draft
+
+
+def race_slot(num_draft: int, chunk: int) -> int:
+    return num_draft + 1 + chunk
+
+
+def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of a * m, for uint32 values held in int64 without overflow."""
+    m_hi, m_lo = m >> 16, m & 0xFFFF
+    low_part = a * m_lo  # < 2**48
+    high_part = a * m_hi  # < 2**48
+    mid = low_part + ((high_part & 0xFFFF) << 16)  # < 2**49
+    lo = mid & _MASK32
+    hi = (high_part >> 16) + (mid >> 32)
+    return hi, lo
+
+
+def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]):
+    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting). Returns 4 words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_ in range(PHILOX_ROUNDS):
+        if round_ > 0:
+            k0 = (k0 + PHILOX_W0) & _MASK32
+            k1 = (k1 + PHILOX_W1) & _MASK32
+        hi0, lo0 = _mulhilo32(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo32(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def uint32_to_uniform(x: torch.Tensor) -> torch.Tensor:
+    """Map a uint32 word to float32 in the open interval (0, 1), exactly.
+
+    The top 23 bits k give (2k + 1) * 2**-24: exactly representable in float32, never 0 or 1,
+    and computed the same way (one int->float conversion, one multiply, one add) in Triton.
+    """
+    return (x >> 9).to(torch.float32) * (2.0**-23) + 2.0**-24
+
+
+def split64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) 32-bit words of int64 values, as non-negative int64."""
+    return x & _MASK32, (x >> 32) & _MASK32
+
+
+def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int):
+    """The first ``num_slots`` uniforms of every request: a float32 (batch_size, num_slots) tensor.
+
+    seed, offset: int64 tensors of 1 or batch_size elements.
+    """
+    device = seed.device
+    per_request_seed = seed.numel() != 1
+    seed = seed.reshape(-1, 1).to(torch.int64)
+    offset = offset.reshape(-1, 1).to(torch.int64)
+    k0, k1 = split64(seed)
+    off_lo, off_hi = split64(offset)
+    rows = torch.arange(batch_size, device=device, dtype=torch.int64).reshape(-1, 1)
+    stream = torch.zeros_like(rows) if per_request_seed else rows
+    slot = torch.arange(num_slots, device=device, dtype=torch.int64).reshape(1, -1)
+    word0, _, _, _ = philox4x32((slot, stream, off_lo, off_hi), (k0, k1))
+    return uint32_to_uniform(word0.expand(batch_size, num_slots))

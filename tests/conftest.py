@@ -1,0 +1,12 @@
+"""Shared test setup.
+
+Without a GPU the Triton kernel runs under the interpreter, which must be switched on before
+triton is first imported, so it is set here, ahead of every test module.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
