@@ -10,8 +10,10 @@ Sampling from a row r (step 5) uses the launch-independent algorithm the kernel 
   * chunk k wins an exponential race with key -log(u_k) / w_k (smallest key wins, ties go to the
     lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
-Masses and cumulative sums are float64 so that the kernel's different summation order changes a
-token only when a uniform lands within ~1e-16 of a boundary.
+Chunk masses are float32 sums (the kernel sums in another order, so a race between two keys within
+~1e-6 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
+scaled by, are float64 over the winning chunk alone, so a token moves only when a uniform lands
+within ~1e-16 of a boundary.  docs/kernel.md records the measured kernel/reference agreement.
 """
 
 from __future__ import annotations
@@ -21,24 +23,33 @@ import torch
 from .randomness import CHUNK_SIZE, cdf_slot, num_chunks, race_slot, request_uniforms
 
 
-def sanitize(probs: torch.Tensor) -> torch.Tensor:
-    """Float32 copy in which NaN, +-inf and negative probabilities count as 0 (step 3)."""
-    return probs.float().nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+def sanitize_(probs: torch.Tensor) -> torch.Tensor:
+    """In place on a float32 tensor: NaN, +-inf and negative probabilities count as 0 (step 3)."""
+    return probs.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
+
+
+def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Float32 copy of row probs[b, position[b]] for every b: (B, M, V) -> (B, V), one read."""
+    batch, positions, vocab = probs.shape
+    if probs.stride(0) != positions * probs.stride(1):  # e.g. expand()ed over the batch
+        return probs[torch.arange(batch, device=probs.device), position].float()
+    flat_row = torch.arange(batch, device=probs.device) * positions + position
+    return probs.reshape(batch * positions, vocab).index_select(0, flat_row).float()
 
 
 def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
-    """Float64 mass of every CHUNK_SIZE-token chunk of each row: (B, V) -> (B, K)."""
+    """Float32 mass of every CHUNK_SIZE-token chunk of each row: (B, V) -> (B, K)."""
     batch, vocab = rows.shape
     full = vocab // CHUNK_SIZE
-    masses = [rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1, dtype=torch.float64)]
+    masses = [rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1)]
     if vocab % CHUNK_SIZE:
-        masses.append(rows[:, full * CHUNK_SIZE :].sum(-1, keepdim=True, dtype=torch.float64))
+        masses.append(rows[:, full * CHUNK_SIZE :].sum(-1, keepdim=True))
     return torch.cat(masses, dim=1)
 
 
 def race_winner(masses: torch.Tensor, race_uniforms: torch.Tensor):
     """Exponential race over chunks: (winning chunk, winning key); key is inf when all masses are 0."""
-    keys = -torch.log(race_uniforms.double()) / masses  # mass 0 -> +inf: never wins
+    keys = -torch.log(race_uniforms.double()) / masses.double()  # mass 0 -> +inf: never wins
     key, chunk = keys.min(dim=1)  # min returns the first (lowest) chunk among ties
     return chunk, key
 
@@ -50,14 +61,17 @@ def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     return rows.gather(1, token.clamp(max=vocab - 1)).where(token < vocab, 0.0)
 
 
-def inverse_cdf(values: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index in each (B, C) chunk of the first positive value whose float64 prefix sum exceeds u * mass."""
+def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index in each (B, C) chunk of the first positive value whose float64 prefix sum exceeds
+    u * (the chunk's float64 total)."""
+    lane = torch.arange(values.shape[1], device=values.device)
     positive = values > 0
     cdf = values.double().cumsum(dim=1)
-    hit = positive & (cdf > (u.double() * mass)[:, None])
-    # Rounding can leave u * mass at or above the last prefix sum: take the last positive value.
-    last_positive = values.shape[1] - 1 - positive.flip(1).to(torch.int8).argmax(dim=1)
-    return torch.where(hit.any(dim=1), hit.to(torch.int8).argmax(dim=1), last_positive)
+    hit = positive & (cdf > u.double()[:, None] * cdf[:, -1:])
+    first_hit = torch.where(hit, lane, values.shape[1]).amin(dim=1)
+    # Rounding could leave no hit (not with a sequential sum): then take the last positive value.
+    last_positive = torch.where(positive, lane, -1).amax(dim=1)
+    return torch.where(first_hit < values.shape[1], first_hit, last_positive)
 
 
 def chain_speculative_sampling_reference(
@@ -86,47 +100,47 @@ def chain_speculative_sampling_reference(
     safe_ids = ids.clamp(0, vocab - 1)
 
     # Step 3: one coin per position, judged on p_j[d_j] and q_j[d_j] alone.
-    p_draft = sanitize(target_probs[:, :num_draft].gather(2, safe_ids[..., None]).squeeze(2))
+    p_draft = sanitize_(target_probs[:, :num_draft].gather(2, safe_ids[..., None]).squeeze(2).float())
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
-        q_draft = sanitize(draft_probs.gather(2, safe_ids[..., None]).squeeze(2))
+        q_draft = sanitize_(draft_probs.gather(2, safe_ids[..., None]).squeeze(2).float())
     accepted = valid & (coins * q_draft < p_draft)
 
     # Step 4: e = first position not accepted (N when all are).
-    rejected = ~accepted
-    e = torch.where(rejected.any(dim=1), rejected.to(torch.int8).argmax(dim=1), num_draft)
+    position = torch.arange(num_draft, device=device)
+    e = torch.where(accepted, num_draft, position).amin(dim=1)
 
     # Step 5: the distribution at e. Residual when a valid draft token was rejected at e,
     # else p_e itself (bonus token, or the draft ended at e).
     e_draft = e.clamp(max=num_draft - 1)
     residual_at_e = (e < num_draft) & valid[rows, e_draft]
     d_e = safe_ids[rows, e_draft]
-    p_row = sanitize(target_probs[rows, e])  # (B, V): the only target row read
+    # (Rows that sample from p_e compute a residual too, and ignore it: cheaper than masking.)
+    p_row = sanitize_(gather_rows(target_probs, e))  # (B, V): the only target row read
     if draft_probs is None:
         # q is one-hot at d_e: relu(p - q) is p with d_e removed.
         residual = p_row.clone()
-        residual[rows, d_e] = torch.where(residual_at_e, 0.0, residual[rows, d_e])
+        residual[rows, d_e] = 0.0
     else:
-        q_row = sanitize(draft_probs[rows, e_draft]).mul_(residual_at_e[:, None])
-        residual = torch.sub(p_row, q_row).clamp_min_(0.0)
+        q_row = sanitize_(gather_rows(draft_probs, e_draft))
+        residual = torch.sub(p_row, q_row, out=q_row).clamp_min_(0.0)
 
-    # Both races share the race uniforms; p_e's is the fallback when the residual has no mass.
-    res_masses, p_masses = chunk_masses(residual), chunk_masses(p_row)
-    res_chunk, res_key = race_winner(res_masses, u_race)
-    p_chunk, p_key = race_winner(p_masses, u_race)
-    use_residual = torch.isfinite(res_key)
+    # Both races share the race uniforms; p_e's is used when the residual is not wanted or has
+    # no mass, and when p_e has none either the token is -1.
+    res_chunk, res_key = race_winner(chunk_masses(residual), u_race)
+    p_chunk, p_key = race_winner(chunk_masses(p_row), u_race)
+    use_residual = residual_at_e & torch.isfinite(res_key)
     has_mass = use_residual | torch.isfinite(p_key)
     chunk = torch.where(use_residual, res_chunk, p_chunk)
-    mass = torch.where(use_residual, res_masses[rows, res_chunk], p_masses[rows, p_chunk])
     values = torch.where(
         use_residual[:, None], chunk_values(residual, chunk), chunk_values(p_row, chunk)
     )
-    token = chunk * CHUNK_SIZE + inverse_cdf(values, mass, u_cdf)
+    token = chunk * CHUNK_SIZE + inverse_cdf(values, u_cdf)
 
     # Step 4: output = accepted prefix, the sampled token at e (-1 without mass), then -1.
     output = torch.full((batch, num_draft + 1), -1, dtype=torch.int32, device=device)
-    prefix = torch.arange(num_draft, device=device)[None, :] < e[:, None]
+    prefix = position[None, :] < e[:, None]
     output[:, :num_draft] = torch.where(prefix, ids, -1).to(torch.int32)
     output[rows, e] = torch.where(has_mass, token, -1).to(torch.int32)
 
