@@ -55,9 +55,10 @@ def race_winner(masses: torch.Tensor, race_uniforms: torch.Tensor):
 
 
 def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
-    """The CHUNK_SIZE values of chunk ``chunk[b]`` of each row b, zero past the vocabulary: (B, C)."""
+    """The values of chunk ``chunk[b]`` of each row b, zero past the vocabulary: (B, C)."""
     vocab = rows.shape[1]
-    token = chunk[:, None] * CHUNK_SIZE + torch.arange(CHUNK_SIZE, device=rows.device)
+    width = min(CHUNK_SIZE, vocab)  # lanes past the vocabulary would only hold zeros
+    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=rows.device)
     return rows.gather(1, token.clamp(max=vocab - 1)).where(token < vocab, 0.0)
 
 

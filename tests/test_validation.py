@@ -1,0 +1,342 @@
+"""Bad input: clear errors (the same in eager mode and at trace time), the opt-in value checks of
+SPECOPS_VALIDATE=1, and the documented tolerant behaviour of the default mode (SPEC.md steps 2-5)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import specops
+from specops.validation import check_arguments
+
+OP = torch.ops.specops.chain_speculative_sampling
+B, N, V = 3, 2, 5
+
+
+def good_args():
+    p = torch.full((B, N + 1, V), 1.0 / V)
+    q = torch.full((B, N, V), 1.0 / V)
+    d = torch.zeros(B, N, dtype=torch.int64)
+    acc = torch.zeros(B, dtype=torch.int32)
+    emit = torch.zeros(B, dtype=torch.int64)
+    return dict(draft_probs=q, draft_token_ids=d, target_probs=p, accepted_num=acc,
+                emitted_num=emit, seed=torch.tensor([1]), offset=torch.tensor([0]))
+
+
+# (id, argument to replace, replacement, exception type, fragments the message must contain)
+BAD = [
+    ("target rank 2", "target_probs", torch.zeros(B, V), ValueError,
+     ["target_probs", "(batch_size, num_speculate_tokens + 1, vocab_size)", "(3, 5)"]),
+    ("target rank 4", "target_probs", torch.zeros(B, N + 1, V, 1), ValueError,
+     ["target_probs", "(3, 3, 5, 1)"]),
+    ("target N+1 < 2", "target_probs", torch.zeros(B, 1, V), ValueError,
+     ["target_probs", "(3, 1, 5)"]),
+    ("target dtype", "target_probs", torch.zeros(B, N + 1, V, dtype=torch.float64), TypeError,
+     ["target_probs", "float32", "float64"]),
+    ("ids rank 1", "draft_token_ids", torch.zeros(B * N, dtype=torch.int64), ValueError,
+     ["draft_token_ids", "(3, 2)", "(6,)"]),
+    ("ids rank 3", "draft_token_ids", torch.zeros(B, N, 1, dtype=torch.int64), ValueError,
+     ["draft_token_ids", "(3, 2)", "(3, 2, 1)"]),
+    ("ids batch", "draft_token_ids", torch.zeros(B + 1, N, dtype=torch.int64), ValueError,
+     ["draft_token_ids", "(3, 2)", "(4, 2)"]),
+    ("ids N", "draft_token_ids", torch.zeros(B, N + 1, dtype=torch.int64), ValueError,
+     ["draft_token_ids", "(3, 2)", "(3, 3)"]),
+    ("ids float", "draft_token_ids", torch.zeros(B, N), TypeError,
+     ["draft_token_ids", "int32 or int64", "float32"]),
+    ("ids int16", "draft_token_ids", torch.zeros(B, N, dtype=torch.int16), TypeError,
+     ["draft_token_ids", "int16"]),
+    ("draft rank 2", "draft_probs", torch.zeros(B, V), ValueError,
+     ["draft_probs", "(3, 2, 5)", "(3, 5)"]),
+    ("draft batch", "draft_probs", torch.zeros(B + 2, N, V), ValueError,
+     ["draft_probs", "(3, 2, 5)", "(5, 2, 5)"]),
+    ("draft N", "draft_probs", torch.zeros(B, N + 1, V), ValueError,
+     ["draft_probs", "(3, 2, 5)", "(3, 3, 5)"]),
+    ("draft vocab", "draft_probs", torch.zeros(B, N, V + 1), ValueError,
+     ["draft_probs", "(3, 2, 5)", "(3, 2, 6)"]),
+    ("draft dtype mismatch", "draft_probs", torch.zeros(B, N, V, dtype=torch.float16), TypeError,
+     ["draft_probs", "float32", "float16"]),
+    ("accepted length", "accepted_num", torch.zeros(B + 1, dtype=torch.int32), ValueError,
+     ["accepted_num", "(3,)", "(4,)"]),
+    ("accepted rank", "accepted_num", torch.zeros(B, 1, dtype=torch.int32), ValueError,
+     ["accepted_num", "(3,)", "(3, 1)"]),
+    ("accepted dtype", "accepted_num", torch.zeros(B), TypeError,
+     ["accepted_num", "int32 or int64", "float32"]),
+    ("emitted length", "emitted_num", torch.zeros(B - 1, dtype=torch.int64), ValueError,
+     ["emitted_num", "(3,)", "(2,)"]),
+    ("emitted dtype", "emitted_num", torch.zeros(B, dtype=torch.uint8), TypeError,
+     ["emitted_num", "uint8"]),
+    ("seed size", "seed", torch.zeros(2, dtype=torch.int64), ValueError,
+     ["seed", "1 or batch_size (3)", "(2,)"]),
+    ("seed rank", "seed", torch.zeros(1, 1, dtype=torch.int64), ValueError,
+     ["seed", "(1, 1)"]),
+    ("seed dtype", "seed", torch.zeros(1, dtype=torch.int32), TypeError, ["seed", "int64", "int32"]),
+    ("offset size", "offset", torch.zeros(B + 1, dtype=torch.int64), ValueError,
+     ["offset", "1 or batch_size (3)", "(4,)"]),
+    ("offset empty", "offset", torch.zeros(0, dtype=torch.int64), ValueError, ["offset", "(0,)"]),
+]
+ARG_ORDER = ["draft_probs", "draft_token_ids", "target_probs", "accepted_num", "emitted_num",
+             "seed", "offset"]
+
+
+def bad_args(name, value):
+    args = good_args()
+    args[name] = value
+    return [args[k] for k in ARG_ORDER]
+
+
+def eager_error(name, value, exc):
+    with pytest.raises(exc) as info:
+        OP(*bad_args(name, value))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_eager_message(case):
+    _, name, value, exc, fragments = case
+    message = eager_error(name, value, exc)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_same_error_under_fake_tensors(case):
+    _, name, value, exc, _ = case
+    message = eager_error(name, value, exc)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in bad_args(name, value)]
+        with pytest.raises(exc) as info:
+            OP(*fake)
+    assert str(info.value) == message
+
+
+def _compiled_call(*args):
+    return OP(*args)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_same_error_under_compile(case):
+    _, name, value, exc, _ = case
+    message = eager_error(name, value, exc)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as info:
+        compiled(*bad_args(name, value))
+    # Raised while tracing (no graph reached the backend) by the fake implementation, with the
+    # eager exception and message, which Dynamo quotes in its TorchRuntimeError.
+    assert counter.frame_count == 0
+    assert f"{exc.__name__}({message!r})" in str(info.value), str(info.value)
+
+
+def test_mixed_devices_named():
+    # Only a CPU here: a meta tensor stands in for "another device" at the check level.
+    args = good_args()
+    for name in ("draft_probs", "draft_token_ids", "accepted_num", "emitted_num", "seed", "offset"):
+        bad = dict(args)
+        bad[name] = args[name].to("meta")
+        with pytest.raises(ValueError, match=rf"^{name} must be on the same device as target_probs \(cpu\); got meta"):
+            check_arguments(*[bad[k] for k in ARG_ORDER])
+
+
+def test_wrapper_errors():
+    args = good_args()
+    q, d, p = args["draft_probs"], args["draft_token_ids"], args["target_probs"]
+    with pytest.raises(ValueError, match=r"seed .*1 or batch_size \(3\).*\(2,\)"):
+        specops.chain_speculative_sampling(q, d, p, seed=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"offset .*\(4,\)"):
+        specops.chain_speculative_sampling(q, d, p, seed=1, offset=torch.arange(4))
+    with pytest.raises(TypeError, match="seed"):
+        specops.chain_speculative_sampling(q, d, p, seed=torch.tensor([1.0]))
+    with pytest.raises(ValueError, match=r"maybe_output_accepted_token_num|accepted_num"):
+        specops.chain_speculative_sampling(q, d, p, torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        specops.chain_speculative_sampling(q, d[:, :1], p, seed=0)
+    # A draft_probs=None call checks the remaining arguments just the same.
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        specops.chain_speculative_sampling(None, d[:2], p, seed=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# SPECOPS_VALIDATE=1: raise on data the default mode tolerates, naming the argument
+
+
+def validate_call(q, d, p):
+    return specops.chain_speculative_sampling(q, d, p, seed=0)
+
+
+@pytest.mark.parametrize(
+    "what,fragments",
+    [
+        ("id -2", ["draft_token_ids", "-2", "[0, 5)"]),
+        ("id V", ["draft_token_ids", "5", "[0, 5)"]),
+        ("target nan", ["target_probs", "nan"]),
+        ("target inf", ["target_probs", "inf"]),
+        ("target negative", ["target_probs", "-0.5"]),
+        ("draft nan", ["draft_probs", "nan"]),
+        ("draft -inf", ["draft_probs", "-inf"]),
+        ("draft negative", ["draft_probs", "-0.25"]),
+    ],
+)
+def test_validate_mode_raises(monkeypatch, what, fragments):
+    args = good_args()
+    q, d, p = args["draft_probs"], args["draft_token_ids"].clone(), args["target_probs"].clone()
+    q = q.clone()
+    edits = {
+        "id -2": lambda: d.__setitem__((1, 1), -2),
+        "id V": lambda: d.__setitem__((2, 0), V),
+        "target nan": lambda: p.__setitem__((1, 2, 3), float("nan")),
+        "target inf": lambda: p.__setitem__((0, 0, 0), float("inf")),
+        "target negative": lambda: p.__setitem__((2, 1, 4), -0.5),
+        "draft nan": lambda: q.__setitem__((0, 1, 1), float("nan")),
+        "draft -inf": lambda: q.__setitem__((2, 0, 0), float("-inf")),
+        "draft negative": lambda: q.__setitem__((1, 0, 2), -0.25),
+    }
+    edits[what]()
+    # Default mode: no error.
+    monkeypatch.delenv("SPECOPS_VALIDATE", raising=False)
+    validate_call(q, d, p)
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    with pytest.raises(ValueError) as info:
+        validate_call(q, d, p)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "SPECOPS_VALIDATE" in message
+
+
+def test_validate_mode_accepts_clean_input_and_padding(monkeypatch):
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    args = good_args()
+    d = args["draft_token_ids"].clone()
+    d[0, 1] = -1  # -1 is padding, legal in validation mode
+    d[1] = V - 1
+    out, _, _ = specops.chain_speculative_sampling(args["draft_probs"], d, args["target_probs"], seed=3)
+    assert out.shape == (B, N + 1)
+    for dtype in (torch.float16, torch.bfloat16):
+        specops.chain_speculative_sampling(None, d, args["target_probs"].to(dtype), seed=3)
+    monkeypatch.setenv("SPECOPS_VALIDATE", "0")  # "0" means off
+    d[2, 0] = -7
+    specops.chain_speculative_sampling(None, d, args["target_probs"], seed=3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Default mode: SPEC.md's tolerant semantics, request by request
+
+
+def one_hot(t, v=V):
+    row = torch.zeros(v)
+    row[t] = 1.0
+    return row
+
+
+def run(q, d, p, seed=0, **kw):
+    return specops.chain_speculative_sampling(q, d, p, seed=seed, **kw)
+
+
+@pytest.mark.parametrize("bad_id", [-1, -5, V, V + 100, 2**31 - 1])
+def test_out_of_range_id_ends_the_draft(monkeypatch, bad_id):
+    monkeypatch.delenv("SPECOPS_VALIDATE", raising=False)
+    # Position 0: p == q (always accepted); position 1: bad id -> e = 1, token from p_1 (one-hot 4)
+    # even though q_1 would make the residual point elsewhere.
+    p = torch.stack([torch.full((V,), 0.2), one_hot(4), one_hot(0)])[None]
+    q = torch.stack([torch.full((V,), 0.2), one_hot(4)])[None]
+    d = torch.tensor([[2, bad_id]], dtype=torch.int64)
+    for seed in range(20):
+        out, acc, emit = run(q, d, p, seed)
+        assert out.tolist() == [[2, 4, -1]] and acc.tolist() == [1] and emit.tolist() == [1]
+    # A bad id first: e = 0, token drawn from p_0 (uniform), the rest -1.
+    d = torch.tensor([[bad_id, 1]], dtype=torch.int64)
+    seen = set()
+    for seed in range(40):
+        out, acc, emit = run(q, d, p, seed)
+        assert out[0, 1:].tolist() == [-1, -1] and emit.tolist() == [0]
+        # Position 1 is valid and p_1[1] = 0: rejected by its own coin.
+        assert acc.tolist() == [0]
+        seen.add(int(out[0, 0]))
+    assert seen == set(range(V))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.3, float("-inf"), float("inf")])
+def test_bad_target_probability_counts_as_zero(bad):
+    # p_0[d_0] is NaN/negative/inf: counts as 0, so the draft is rejected; the residual
+    # relu(p - q) with that entry as 0 is all at token 3.
+    p = torch.stack([torch.tensor([0.0, bad, 0.0, 0.5, 0.0]), one_hot(0), one_hot(0)])[None]
+    q = torch.stack([one_hot(1), one_hot(2)])[None]
+    d = torch.tensor([[1, 2]])
+    for seed in range(20):
+        out, acc, emit = run(q, d, p, seed)
+        assert out.tolist() == [[3, -1, -1]] and emit.tolist() == [0] and acc.tolist() == [0]
+
+
+def test_bad_draft_probability_counts_as_zero():
+    # q_0[d_0] NaN -> 0: u * 0 < p is always true when p > 0, so the draft is accepted.
+    p = torch.stack([torch.tensor([0.0, 0.1, 0.0, 0.9, 0.0]), one_hot(2), one_hot(3)])[None]
+    for bad in (float("nan"), -1.0, float("-inf")):
+        q = torch.stack([torch.tensor([0.0, bad, 0.0, 0.0, 0.0]), one_hot(2)])[None]
+        d = torch.tensor([[1, 2]])
+        for seed in range(10):
+            out, acc, emit = run(q, d, p, seed)
+            assert out.tolist() == [[1, 2, 3]] and acc.tolist() == [2] and emit.tolist() == [2]
+
+
+def test_all_zero_residual_falls_back_to_p():
+    # p(d) = 0 rejects; p <= q everywhere, so relu(p - q) = 0 and the token comes from p_0.
+    p = torch.stack([torch.tensor([0.0, 0.0, 0.2, 0.0, 0.0]), one_hot(0), one_hot(0)])[None]
+    q = torch.stack([torch.tensor([0.5, 0.0, 0.5, 0.0, 0.0]), one_hot(0)])[None]
+    d = torch.tensor([[0, 0]])
+    for seed in range(20):
+        out, _, emit = run(q, d, p, seed)
+        assert out.tolist() == [[2, -1, -1]] and emit.tolist() == [0]
+    # draft_probs=None, p_0 = 0.5 at the draft and 0 elsewhere: a rejected draft leaves an empty
+    # residual (p without d), so the fallback p_0 gives the draft token again.
+    p1 = torch.stack([torch.tensor([0.0, 0.5, 0.0, 0.0, 0.0]), one_hot(0), one_hot(0)])[None]
+    d1 = torch.tensor([[1, 0]])
+    rejected = 0
+    for seed in range(40):
+        out, _, emit = run(None, d1, p1, seed)
+        assert out[0, 0].item() == 1
+        rejected += emit.item() == 0
+    assert 5 < rejected < 35  # both paths were taken
+
+
+@pytest.mark.parametrize("fill", [0.0, float("nan"), -1.0])
+def test_all_zero_target_row_gives_minus_one(fill):
+    p = torch.full((1, N + 1, V), fill)
+    q = torch.full((1, N, V), 0.2)
+    for d in ([[0, 1]], [[-1, -1]]):
+        for draft in (q, None):
+            out, acc, emit = run(draft, torch.tensor(d), p, 5)
+            assert out.tolist() == [[-1, -1, -1]] and emit.tolist() == [0] and acc.tolist() == [0]
+    # Only the bonus row is empty: the drafts are accepted, then -1 in the bonus slot.
+    p = torch.full((1, N + 1, V), 0.2)
+    p[0, N] = fill
+    out, acc, emit = run(q, torch.tensor([[0, 1]]), p, 5)
+    assert out.tolist() == [[0, 1, -1]] and emit.tolist() == [2] and acc.tolist() == [2]
+
+
+def test_dirty_requests_leave_others_untouched():
+    g = torch.Generator().manual_seed(0)
+    batch, vocab = 6, 50
+    p = torch.softmax(torch.randn(batch, N + 1, vocab, generator=g), -1)
+    q = torch.softmax(torch.randn(batch, N, vocab, generator=g), -1)
+    d = torch.randint(0, vocab, (batch, N), generator=g)
+    clean = run(q, d, p, seed=9)
+    p2, q2, d2 = p.clone(), q.clone(), d.clone()
+    dirty = [1, 4]
+    p2[1] = float("nan")
+    q2[1, 0] = -5.0
+    d2[1] = torch.tensor([-3, vocab + 7])
+    p2[4, :, ::2] = float("-inf")
+    q2[4] = float("inf")
+    d2[4, 1] = 2**40
+    mixed = run(q2, d2, p2, seed=9)
+    keep = [b for b in range(batch) if b not in dirty]
+    for got, want in zip(mixed, clean):
+        assert torch.equal(got[keep], want[keep])
+    # The dirty rows still obey the output format.
+    assert mixed[0][1].tolist() == [-1, -1, -1]
+    assert ((mixed[0][4] >= -1) & (mixed[0][4] < vocab)).all()
