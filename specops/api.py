@@ -40,7 +40,10 @@ def random_seed_and_offset(
     Drawn by a device-side random op, not read on the host: reproducible under torch.manual_seed,
     fresh on every call, and fresh on every replay of a captured CUDA graph.
     """
-    drawn = torch.empty(2, dtype=torch.int64, device=device).random_(generator=generator)
+    # torch.randint (unlike Tensor.random_) also traces under torch.compile(fullgraph=True).
+    drawn = torch.randint(
+        -(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device, generator=generator
+    )
     return drawn[:1], drawn[1:]
 
 
