@@ -1,0 +1,86 @@
+"""Kernel-vs-reference token agreement over many random requests (issue 3, item 3).
+
+The kernel and the reference sum chunk masses (float32) and in-chunk prefix sums (float64) in a
+different order, so a token can differ when two chunks' race keys lie within float32 rounding of
+each other, or a uniform lands within ~1e-16 of a CDF boundary (docs/kernel.md).  This script
+counts such mismatches (tokens or counters) over random requests.
+
+On CPU the kernel runs under TRITON_INTERPRET=1 (tens of ms per request), so use small vocabularies
+(2-3 chunks) and run it in the background, e.g. two processes on two cores:
+
+    nohup python benchmarks/measure_agreement.py --requests 50000 --worker 0 > /tmp/agree0.log &
+    nohup python benchmarks/measure_agreement.py --requests 50000 --worker 1 > /tmp/agree1.log &
+
+On a GPU (no interpreter) the same script runs in seconds with --device cuda.
+Each progress line is JSON: requests, mismatching requests, mismatch rate so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+    _args = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    _args.add_argument("--requests", type=int, default=100_000)
+    _args.add_argument("--batch", type=int, default=600, help="requests per launch")
+    _args.add_argument("--worker", type=int, default=0, help="seeds the inputs; use distinct values")
+    _args.add_argument("--device", default="cpu", help="cpu (interpreter) or cuda")
+    _args.add_argument("--vocab", type=int, nargs=2, default=(1100, 3000), help="V range")
+    ARGS = _args.parse_args()
+    if ARGS.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from specops.kernels.chain_speculative_sampling import chain_speculative_sampling_triton  # noqa: E402
+from specops.reference import chain_speculative_sampling_reference  # noqa: E402
+
+
+def random_batch(gen, batch, device, vocab_range):
+    """Random request shapes and rows: peaked and flat rows, fp32/bf16, with or without drafts."""
+    vocab = int(torch.randint(vocab_range[0], vocab_range[1] + 1, (1,), generator=gen))
+    num_draft = int(torch.randint(1, 4, (1,), generator=gen))
+    dtype = (torch.float32, torch.bfloat16, torch.float16)[int(torch.randint(0, 3, (1,), generator=gen))]
+    sharp = float(torch.rand(1, generator=gen)) * 6.0
+    # The rows are drawn on the device itself (a GPU run draws 1e6 requests in seconds).
+    dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
+    target = torch.rand(batch, num_draft + 1, vocab, generator=dev_gen, device=device) ** sharp
+    target = target / target.sum(-1, keepdim=True)
+    draft = torch.rand(batch, num_draft, vocab, generator=dev_gen, device=device) ** sharp
+    draft = draft / draft.sum(-1, keepdim=True)
+    ids = torch.multinomial(draft.reshape(-1, vocab), 1, generator=dev_gen).reshape(batch, num_draft)
+    use_draft = bool(torch.rand(1, generator=gen) < 0.7)
+    seed = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=dev_gen, device=device)
+    offset = torch.randint(0, 2**62, (batch,), generator=dev_gen, device=device)
+    return (draft.to(dtype) if use_draft else None, ids, target.to(dtype), seed, offset)
+
+
+def main(args) -> None:
+    gen = torch.Generator().manual_seed(1000 + args.worker)
+    done = mismatched = 0
+    start = time.time()
+    while done < args.requests:
+        batch = min(args.batch, args.requests - done)
+        draft, ids, target, seed, offset = random_batch(gen, batch, args.device, args.vocab)
+        outs = []
+        for fn in (chain_speculative_sampling_reference, chain_speculative_sampling_triton):
+            acc = torch.zeros(batch, dtype=torch.int64, device=args.device)
+            emit = torch.zeros(batch, dtype=torch.int64, device=args.device)
+            outs.append((fn(draft, ids, target, acc, emit, seed, offset), acc, emit))
+        differ = torch.zeros(batch, dtype=torch.bool, device=args.device)
+        for a, b in zip(outs[0], outs[1]):
+            differ |= (a != b).reshape(batch, -1).any(dim=1)
+        done += batch
+        mismatched += int(differ.sum())
+        print(json.dumps({"worker": args.worker, "requests": done, "mismatched": mismatched,
+                          "rate": mismatched / done, "seconds": round(time.time() - start, 1),
+                          "vocab": target.shape[-1], "dtype": str(target.dtype)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(ARGS)
