@@ -49,14 +49,14 @@ def race_slot(num_draft: int, chunk: int) -> int:
 
 
 def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit halves of a * m, for uint32 values held in int64 without overflow."""
-    m_hi, m_lo = m >> 16, m & 0xFFFF
-    low_part = a * m_lo  # < 2**48
-    high_part = a * m_hi  # < 2**48
-    mid = low_part + ((high_part & 0xFFFF) << 16)  # < 2**49
-    lo = mid & _MASK32
-    hi = (high_part >> 16) + (mid >> 32)
-    return hi, lo
+    """(high, low) 32-bit halves of the 64-bit product of uint32 values held in int64.
+
+    The product may pass 2**63; int64 multiplication wraps modulo 2**64 (on every torch backend),
+    which keeps all 64 bits of the unsigned product, so both halves are read off its bit pattern.
+    The known-answer tests in tests/test_randomness.py would catch a platform where it did not.
+    """
+    product = a * m
+    return (product >> 32) & _MASK32, product & _MASK32
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]):

@@ -59,20 +59,20 @@ def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     vocab = rows.shape[1]
     width = min(CHUNK_SIZE, vocab)  # lanes past the vocabulary would only hold zeros
     token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=rows.device)
-    return rows.gather(1, token.clamp(max=vocab - 1)).where(token < vocab, 0.0)
+    return rows.gather(1, token.clamp(max=vocab - 1)).mul_(token < vocab)
 
 
 def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Index in each (B, C) chunk of the first positive value whose float64 prefix sum exceeds
     u * (the chunk's float64 total)."""
-    lane = torch.arange(values.shape[1], device=values.device)
+    width = values.shape[1]
     positive = values > 0
     cdf = values.double().cumsum(dim=1)
     hit = positive & (cdf > u.double()[:, None] * cdf[:, -1:])
-    first_hit = torch.where(hit, lane, values.shape[1]).amin(dim=1)
+    any_hit, first_hit = hit.to(torch.uint8).max(dim=1)  # max(dim) gives the first maximum
     # Rounding could leave no hit (not with a sequential sum): then take the last positive value.
-    last_positive = torch.where(positive, lane, -1).amax(dim=1)
-    return torch.where(first_hit < values.shape[1], first_hit, last_positive)
+    last_positive = width - 1 - positive.flip(1).to(torch.uint8).max(dim=1).indices
+    return torch.where(any_hit.bool(), first_hit, last_positive)
 
 
 def chain_speculative_sampling_reference(
