@@ -54,12 +54,12 @@ def race_winner(masses: torch.Tensor, race_uniforms: torch.Tensor):
     return chunk, key
 
 
-def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
-    """The values of chunk ``chunk[b]`` of each row b, zero past the vocabulary: (B, C)."""
-    vocab = rows.shape[1]
+def chunk_lanes(chunk: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of chunk ``chunk[b]`` for every b, clamped into the vocabulary, and which of them
+    are real tokens: two (B, C) tensors (C no wider than the vocabulary)."""
     width = min(CHUNK_SIZE, vocab)  # lanes past the vocabulary would only hold zeros
-    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=rows.device)
-    return rows.gather(1, token.clamp(max=vocab - 1)).mul_(token < vocab)
+    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=chunk.device)
+    return token.clamp(max=vocab - 1), token < vocab
 
 
 def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -134,10 +134,9 @@ def chain_speculative_sampling_reference(
     use_residual = residual_at_e & torch.isfinite(res_key)
     has_mass = use_residual | torch.isfinite(p_key)
     chunk = torch.where(use_residual, res_chunk, p_chunk)
-    values = torch.where(
-        use_residual[:, None], chunk_values(residual, chunk), chunk_values(p_row, chunk)
-    )
-    token = chunk * CHUNK_SIZE + inverse_cdf(values, u_cdf)
+    lanes, in_vocab = chunk_lanes(chunk, vocab)
+    values = torch.where(use_residual[:, None], residual.gather(1, lanes), p_row.gather(1, lanes))
+    token = chunk * CHUNK_SIZE + inverse_cdf(values.mul_(in_vocab), u_cdf)
 
     # Step 4: output = accepted prefix, the sampled token at e (-1 without mass), then -1.
     output = torch.full((batch, num_draft + 1), -1, dtype=torch.int32, device=device)
