@@ -1,7 +1,7 @@
 """End-to-end speculative decoding with specops: ``python -m specops.demo``.
 
 Builds two character-level n-gram models from the text shipped in ``specops/data/corpus.txt``: a
-target (order 4, interpolated with lower orders) and a weaker draft (order 2). Then it decodes a
+target (order 4, backed off to lower orders) and a weaker draft (order 3 by default). It decodes a
 batch of sequences two ways, each step inside ``torch.compile`` (and a CUDA graph on a GPU):
 
 * speculative: the draft proposes N characters, the target scores all N + 1 positions in one call,

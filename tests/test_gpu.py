@@ -86,7 +86,8 @@ def test_matches_reference_large(batch, num_draft, vocab, dtype, draft):
         outs.append((fn(q, ids, target, acc, emit, seed, offset), acc, emit))
     (o1, a1, e1), (o2, a2, e2) = outs
     mismatch = (o1 != o2).any(dim=1) | (a1 != a2) | (e1 != e2)
-    # Float64 summation order differs: a boundary hit is ~1e-13 likely; allow none at this size.
+    # Summation order differs (float32 chunk masses, float64 prefix sums): a flipped race is
+    # ~1e-7 likely per request (docs/kernel.md), so none is expected at this size.
     assert int(mismatch.sum()) == 0
 
 
