@@ -28,12 +28,19 @@ TARGET_PROGRAMS = 512
 # Most programs one request is split over; the combine kernel reads them in one block.
 MAX_SPLITS = 256
 NUM_WARPS = 4  # 128 threads x 8 values of a 1024-value chunk: 16-byte loads even for bf16/fp16
+# How the kernels are built (tests/test_triton_compile.py compiles with the same options). No
+# multiply-add contraction, so every float operation rounds as the torch reference's does.
+LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": False}
+COMBINE_LAUNCH_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 4}
 
 
-def choose_num_splits(batch: int, vocab: int) -> int:
-    """Programs per request: enough to fill the GPU at small B, each with an equal chunk count."""
+def choose_num_splits(batch: int, vocab: int, requested: int | None = None) -> int:
+    """Programs per request: enough to fill the GPU at small B (or ``requested``), each with an
+    equal number of chunks and none without one."""
     chunks = num_chunks(vocab)
-    splits = max(1, min(chunks, MAX_SPLITS, TARGET_PROGRAMS // max(batch, 1)))
+    if requested is None:
+        requested = TARGET_PROGRAMS // max(batch, 1)
+    splits = max(1, min(chunks, MAX_SPLITS, int(requested)))
     per_program = triton.cdiv(chunks, splits)
     return triton.cdiv(chunks, per_program)
 
@@ -130,9 +137,11 @@ def chain_speculative_sampling_kernel(
         row_q = draft_ptr + b * stride_db + tl.minimum(e64, num_draft - 1) * stride_dn
 
     # ---- Written before the row pass, so none of it stays live (in registers) across it. ----
-    # Output: the accepted prefix, then -1 (output[e] is overwritten with the token at the end).
+    # Output: the accepted prefix, then -1 after e (output[e] has one writer: the token store
+    # below, or the combine kernel).
     out = tl.where(j < e, d.to(tl.int32), -1)
-    tl.store(out_ptr + b * stride_ob + j64, out, mask=j <= tl.where(owner, num_draft, -1))
+    tl.store(out_ptr + b * stride_ob + j64, out,
+             mask=(j <= tl.where(owner, num_draft, -1)) & (j != e))
     # Counters: plain read-add-write by the owner (one program per request owns them).
     acc_old = tl.load(accepted_ptr + b * stride_acc, mask=owner, other=0)
     tl.store(accepted_ptr + b * stride_acc, acc_old + num_accepted.to(acc_old.dtype), mask=owner)
@@ -260,10 +269,8 @@ def chain_speculative_sampling_triton(
         draft_probs = draft_probs.contiguous()
 
     chunks = num_chunks(vocab)
-    splits = choose_num_splits(batch, vocab) if num_splits is None else int(num_splits)
-    splits = max(1, min(splits, chunks, MAX_SPLITS))
+    splits = choose_num_splits(batch, vocab, num_splits)
     per_program = triton.cdiv(chunks, splits)
-    splits = triton.cdiv(chunks, per_program)  # no program without chunks
     split = splits > 1
     if split:
         split_key = torch.empty((batch, splits, 2), dtype=torch.float64, device=out.device)
@@ -286,11 +293,11 @@ def chain_speculative_sampling_triton(
         0 if offset.numel() == 1 else offset.stride(0),
         int(seed.numel() != 1),
         HAS_DRAFT=has_draft, SPLIT=split, BLOCK_N=triton.next_power_of_2(num_draft + 1),
-        CHUNK=CHUNK_SIZE, num_warps=NUM_WARPS, num_stages=1,
+        CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
     )
     if split:
         chain_speculative_sampling_combine_kernel[(batch,)](
             split_key, split_token, split_e, out, splits, out.stride(0),
-            BLOCK_S=MAX_SPLITS, num_warps=4,
+            BLOCK_S=MAX_SPLITS, **COMBINE_LAUNCH_OPTIONS,
         )
     return out

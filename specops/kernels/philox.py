@@ -8,18 +8,21 @@ modulo 2**32 exactly as in the reference's masked int64 arithmetic.
 import triton
 import triton.language as tl
 
-# Same constants as specops.randomness (ints in [2**31, 2**32) become uint32 constants in Triton;
-# globals a kernel reads must be tl.constexpr instances).
-PHILOX_M0 = tl.constexpr(0xD2511F53)
-PHILOX_M1 = tl.constexpr(0xCD9E8D57)
-PHILOX_W0 = tl.constexpr(0x9E3779B9)
-PHILOX_W1 = tl.constexpr(0xBB67AE85)
+from .. import randomness
+
+# The contract's constants (ints in [2**31, 2**32) become uint32 constants in Triton; globals a
+# kernel reads must be tl.constexpr instances).
+PHILOX_ROUNDS = tl.constexpr(randomness.PHILOX_ROUNDS)
+PHILOX_M0 = tl.constexpr(randomness.PHILOX_M0)
+PHILOX_M1 = tl.constexpr(randomness.PHILOX_M1)
+PHILOX_W0 = tl.constexpr(randomness.PHILOX_W0)
+PHILOX_W1 = tl.constexpr(randomness.PHILOX_W1)
 
 
 @triton.jit
 def philox4x32_word0(c0, c1, c2, c3, k0, k1):
     """Word 0 of Philox4x32-10 for counter (c0, c1, c2, c3) and key (k0, k1), all uint32."""
-    for round_ in tl.static_range(10):
+    for round_ in tl.static_range(PHILOX_ROUNDS):
         if round_ > 0:
             k0 = k0 + PHILOX_W0
             k1 = k1 + PHILOX_W1
