@@ -46,9 +46,6 @@ def _chain_speculative_sampling_eager(
     check_arguments(*args)
     if validation_enabled():
         check_values(draft_probs, draft_token_ids, target_probs)
-    if target_probs.shape[0] == 0:
-        return torch.empty(draft_token_ids.shape[0], draft_token_ids.shape[1] + 1,
-                           dtype=torch.int32, device=target_probs.device)
     if selected_backend(target_probs.device) == "triton":
         from .kernels.chain_speculative_sampling import chain_speculative_sampling_triton
 

@@ -11,7 +11,7 @@ Sampling from a row r (step 5) uses the launch-independent algorithm the kernel 
     lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
 Chunk masses are float32 sums (the kernel sums in another order, so a race between two keys within
-~1e-6 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
+~1e-7 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
 scaled by, are float64 over the winning chunk alone, so a token moves only when a uniform lands
 within ~1e-16 of a boundary.  docs/kernel.md records the measured kernel/reference agreement.
 """
@@ -47,9 +47,10 @@ def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(masses, dim=1)
 
 
-def race_winner(masses: torch.Tensor, race_uniforms: torch.Tensor):
-    """Exponential race over chunks: (winning chunk, winning key); key is inf when all masses are 0."""
-    keys = -torch.log(race_uniforms.double()) / masses.double()  # mass 0 -> +inf: never wins
+def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
+    """Exponential race over chunks, given -log(u_k) per chunk: (winning chunk, winning key); the
+    key is inf when all masses are 0."""
+    keys = exponentials / masses.double()  # mass 0 -> +inf: never wins
     key, chunk = keys.min(dim=1)  # min returns the first (lowest) chunk among ties
     return chunk, key
 
@@ -129,8 +130,9 @@ def chain_speculative_sampling_reference(
 
     # Both races share the race uniforms; p_e's is used when the residual is not wanted or has
     # no mass, and when p_e has none either the token is -1.
-    res_chunk, res_key = race_winner(chunk_masses(residual), u_race)
-    p_chunk, p_key = race_winner(chunk_masses(p_row), u_race)
+    exponentials = -torch.log(u_race.double())
+    res_chunk, res_key = race_winner(chunk_masses(residual), exponentials)
+    p_chunk, p_key = race_winner(chunk_masses(p_row), exponentials)
     use_residual = residual_at_e & torch.isfinite(res_key)
     has_mass = use_residual | torch.isfinite(p_key)
     chunk = torch.where(use_residual, res_chunk, p_chunk)

@@ -105,6 +105,13 @@ def validation_enabled() -> bool:
     return os.environ.get("SPECOPS_VALIDATE", "0") not in ("", "0")
 
 
+def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True element of ``bad``, or None when there is none."""
+    if not bool(bad.any()):
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
 def check_values(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -115,9 +122,8 @@ def check_values(
     Ids must be -1 (padding) or in [0, vocab_size); probabilities must be finite and >= 0.
     """
     vocab = target_probs.shape[-1]
-    bad = (draft_token_ids < -1) | (draft_token_ids >= vocab)
-    if bool(bad.any()):
-        where = tuple(int(i) for i in bad.nonzero()[0])
+    where = _first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
+    if where is not None:
         value = int(draft_token_ids[where])
         raise ValueError(
             f"draft_token_ids must be -1 (padding) or in [0, {vocab}); "
@@ -126,9 +132,8 @@ def check_values(
     for name, probs in (("target_probs", target_probs), ("draft_probs", draft_probs)):
         if probs is None:
             continue
-        bad = ~torch.isfinite(probs) | (probs < 0)
-        if bool(bad.any()):
-            where = tuple(int(i) for i in bad.nonzero()[0])
+        where = _first_bad_index(~torch.isfinite(probs) | (probs < 0))
+        if where is not None:
             raise ValueError(
                 f"{name} must be finite and >= 0; got {float(probs[where])} at index {where} "
                 "(SPECOPS_VALIDATE=1)"
