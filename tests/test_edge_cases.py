@@ -110,7 +110,8 @@ def test_sparse_supports_never_emit_impossible_tokens():
         p = random_rows((batch, num_draft + 1, vocab), 10 + trial, sparsity=0.995)
         q = random_rows((batch, num_draft, vocab), 20 + trial, sparsity=0.99)
         # Drafts from q where it has mass, so acceptance and rejection both happen.
-        d = torch.multinomial(q.reshape(-1, vocab) + 1e-12, 1).reshape(batch, num_draft)
+        gen = torch.Generator().manual_seed(30 + trial)
+        d = torch.multinomial(q.reshape(-1, vocab) + 1e-12, 1, generator=gen).reshape(batch, num_draft)
         for seed in range(10):
             out, acc, emit = specops.chain_speculative_sampling(q, d, p, seed=seed, offset=trial)
             check_format(out, d, emit, vocab)
@@ -136,7 +137,8 @@ def test_padding_shorter_drafts():
     batch = len(lengths)
     q = random_rows((batch, num_draft, vocab), 11)
     p = torch.cat([q, random_rows((batch, 1, vocab), 12)], 1)
-    d = torch.multinomial(q.reshape(-1, vocab), 1).reshape(batch, num_draft)
+    d = torch.multinomial(q.reshape(-1, vocab), 1, generator=torch.Generator().manual_seed(13))
+    d = d.reshape(batch, num_draft)
     for b, n in enumerate(lengths.tolist()):
         d[b, n:] = -1
         if n < num_draft:
@@ -224,8 +226,9 @@ def test_output_format_on_random_inputs():
     batch, num_draft, vocab = 200, 5, 40
     p = random_rows((batch, num_draft + 1, vocab), 17)
     q = random_rows((batch, num_draft, vocab), 18)
-    d = torch.multinomial(q.reshape(-1, vocab), 1).reshape(batch, num_draft)
-    d[torch.rand(batch, num_draft) < 0.1] = -1
+    gen = torch.Generator().manual_seed(19)
+    d = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_draft)
+    d[torch.rand(batch, num_draft, generator=gen) < 0.1] = -1
     for seed in range(3):
         out, acc, emit = specops.chain_speculative_sampling(q, d, p, seed=seed)
         check_format(out, d, emit, vocab)
