@@ -38,7 +38,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 L2_BYTES = 60 * 2**20  # H100/H200 L2 is 50-60 MB: rotate through more than this
 
 
-def eager_torch(draft, ids, target, seed_unused, acc, emit):
+def eager_torch(draft, ids, target, acc, emit):
     """A straightforward eager implementation (what one would write without a kernel): full
     gathers, argmax for e, relu(p - q) for the whole batch, normalise, torch.multinomial."""
     batch, num_draft = ids.shape
@@ -122,7 +122,7 @@ def needed_bytes(draft, ids, target, seed, offset):
             + batch * (num_draft + 1) * 4)  # output
 
 
-def run_grid(args, out_dir):
+def run_grid(args):
     copy_bw = copy_bandwidth()
     print(f"device-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -151,7 +151,7 @@ def run_grid(args, out_dir):
 
         def eager(i):
             draft, ids, target = sets[i]
-            return eager_torch(draft, ids, target, seed, acc, emit)
+            return eager_torch(draft, ids, target, acc, emit)
 
         us = graph_time_us(ours, copies, args.repeats)
         try:
@@ -225,7 +225,7 @@ def main():
 
     if not args.skip_agreement:
         agreement(out_dir)
-    rows, copy_bw = run_grid(args, out_dir)
+    rows, copy_bw = run_grid(args)
     if not rows:
         return
     with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
