@@ -217,7 +217,9 @@ def main():
         start = time.time()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs",
                                os.path.join(ROOT, "tests", "test_gpu.py"),
-                               os.path.join(ROOT, "tests", "test_triton_compile.py")],
+                               os.path.join(ROOT, "tests", "test_triton_compile.py"),
+                               # GPU doc recipes, and the demo with its CUDA graph
+                               os.path.join(ROOT, "tests", "test_docs.py")],
                               capture_output=True, text=True, cwd=ROOT)
         with open(os.path.join(out_dir, "gpu_tests.txt"), "w") as f:
             f.write(header + "\n" + proc.stdout + proc.stderr)

@@ -1,8 +1,9 @@
 """The README and docs run as written; the demo and the benchmark work end to end.
 
 * the README's python blocks (the usage example) are executed;
-* every python block in README.md and docs/*.md compiles, and those preceded by a
-  ``<!-- runnable -->`` line are executed (blocks that need a GPU are not marked);
+* every python block in README.md and docs/*.md compiles; those preceded by a
+  ``<!-- runnable -->`` line are executed, and those preceded by ``<!-- runnable-gpu -->`` are
+  executed where CUDA is available (benchmarks/gpu_check.py runs this file on the GPU machine);
 * relative links in the docs point at files that exist;
 * ``python -m specops.demo`` at a small size prints its report and passes its lossless check;
 * ``benchmarks/benchmark.py --quick`` writes its CSV.
@@ -18,16 +19,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-BLOCK = re.compile(r"(<!-- runnable -->[ \t]*\n)?```python\n(.*?)```", re.S)
+BLOCK = re.compile(r"(?:<!-- (runnable|runnable-gpu) -->[ \t]*\n)?```python\n(.*?)```", re.S)
 
 
 def python_blocks(path: Path) -> list[tuple[str, bool, int]]:
-    """(code, marked runnable, line number) of every python block of a markdown file."""
+    """(code, runs here, line number) of every python block of a markdown file."""
     text = path.read_text()
-    return [(m.group(2), m.group(1) is not None, text.count("\n", 0, m.start(2)) + 1)
+    runs = {"runnable": True, "runnable-gpu": torch.cuda.is_available(), None: False}
+    return [(m.group(2), runs[m.group(1)], text.count("\n", 0, m.start(2)) + 1)
             for m in BLOCK.finditer(text)]
 
 
