@@ -57,13 +57,24 @@ class NgramModels:
         return NgramModels(self.alphabet, self.target.to(device), self.draft.to(device), self.draft_order)
 
 
+def window_index(chars: torch.Tensor, vocab: int, width: int) -> torch.Tensor:
+    """Base-V number of every window of ``width`` consecutive characters along the last dim."""
+    count = chars.shape[-1] - width + 1
+    index = torch.zeros_like(chars[..., :count])
+    for k in range(width):
+        index = index * vocab + chars[..., k : k + count]
+    return index
+
+
 def rows(table: torch.Tensor, chars: torch.Tensor, order: int) -> torch.Tensor:
     """Probabilities after every window of order - 1 characters: (B, L) -> (B, L - order + 2, V)."""
-    vocab, width = table.shape[1], order - 1
-    index = torch.zeros_like(chars[:, width - 1 :])
-    for k in range(width):
-        index = index * vocab + chars[:, k : chars.shape[1] - width + 1 + k]
-    return table[index]
+    return table[window_index(chars, table.shape[1], order - 1)]
+
+
+def draft_row(models: "NgramModels", chars: torch.Tensor) -> torch.Tensor:
+    """Draft probabilities after the last characters of (B, L) chars: (B, V)."""
+    order = models.draft_order
+    return rows(models.draft, chars[:, -max(order - 1, 1) :], order)[:, -1]
 
 
 def build_models(text: str, draft_order: int = 3) -> NgramModels:
@@ -75,7 +86,7 @@ def build_models(text: str, draft_order: int = 3) -> NgramModels:
     # order-(k-1) row of its last k - 2 characters. The add-one unigram keeps every row positive.
     tables = [((torch.bincount(ids, minlength=vocab).double() + 1) / (len(ids) + vocab))[None, :]]
     for order in range(2, TARGET_ORDER + 1):
-        counts = torch.bincount(_windows(ids, vocab, order), minlength=vocab**order)
+        counts = torch.bincount(window_index(ids, vocab, order), minlength=vocab**order)
         counts = counts.double().view(-1, vocab)
         totals = counts.sum(-1, keepdim=True)
         lower = tables[-1].repeat(vocab, 1)  # row r of the order-k table -> row r mod V**(k-2)
@@ -91,12 +102,6 @@ def build_models(text: str, draft_order: int = 3) -> NgramModels:
     return NgramModels(alphabet, target.float().contiguous(), draft.float().contiguous(), draft_order)
 
 
-def _windows(ids: torch.Tensor, vocab: int, order: int) -> torch.Tensor:
-    """Index of every window of ``order`` consecutive characters (base-V number)."""
-    index = torch.zeros(len(ids) - order + 1, dtype=torch.long)
-    for k in range(order):
-        index = index * vocab + ids[k : len(ids) - order + 1 + k]
-    return index
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -139,11 +144,6 @@ class Decoder:
         index = self.lengths[:, None] - CONTEXT + torch.arange(CONTEXT, device=self.lengths.device)
         return self.tokens.gather(1, index)
 
-    def _draft_row(self, chars: torch.Tensor) -> torch.Tensor:
-        """Draft probabilities after the last characters of (B, L) chars: (B, V)."""
-        order = self.models.draft_order
-        return rows(self.models.draft, chars[:, -max(order - 1, 1) :], order)[:, -1]
-
     def _target_rows(self, chars: torch.Tensor) -> torch.Tensor:
         """Target probabilities after each window of 3 characters: (B, L) -> (B, L - 2, V)."""
         return rows(self.models.target, chars, TARGET_ORDER)
@@ -164,7 +164,7 @@ class Decoder:
         context = self._context()
         chars, drafts, draft_rows = context, [], []
         for _ in range(self.n):  # the draft proposes N characters, one cheap call each
-            q = self._draft_row(chars)
+            q = draft_row(self.models, chars)
             token = sample(q)
             drafts.append(token)
             draft_rows.append(q)
@@ -252,9 +252,9 @@ def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, min_count:
     variation distance between empirical and target rows (which shrinks with more samples).
     """
     v = models.vocab
-    t = torch.arange(start, seq.shape[1])
-    context = seq[:, t - 3] * (v * v) + seq[:, t - 2] * v + seq[:, t - 1]
-    observed = torch.bincount((context * v + seq[:, t]).reshape(-1), minlength=v**4).view(-1, v).double()
+    # (3-character context, next character) of every generated character, as one base-V number.
+    pairs = window_index(seq, v, TARGET_ORDER)[:, start - CONTEXT :]
+    observed = torch.bincount(pairs.reshape(-1), minlength=v**TARGET_ORDER).view(-1, v).double()
     totals = observed.sum(1)
     chi2, dof, tv_sum, tested = 0.0, 0, 0.0, 0
     for ctx in torch.nonzero(totals >= min_count).flatten().tolist():
@@ -282,7 +282,7 @@ def draft_only_samples(models: NgramModels, prompts: torch.Tensor, length: int) 
     """The control: sequences sampled from the draft model alone (they must fail the check)."""
     seq = prompts
     for _ in range(length):
-        q = rows(models.draft, seq[:, -max(models.draft_order - 1, 1) :], models.draft_order)[:, -1]
+        q = draft_row(models, seq)
         seq = torch.cat([seq, sample(q)[:, None]], dim=1)
     return seq
 
