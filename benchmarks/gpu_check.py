@@ -89,6 +89,25 @@ def graph_time_us(fn, copies, repeats):
     return times[len(times) // 2]
 
 
+def eager_time_us(fn, copies, repeats):
+    """Median us per call of fn(i), launched eagerly (torch.multinomial and the eager
+    temporaries are not meant for graph capture, and a failed capture would poison the stream)."""
+    for i in range(copies):  # warm-up
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(copies):
+            fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def copy_bandwidth():
     """Device-to-device copy bandwidth (read + write bytes per second) on 1 GiB."""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
@@ -155,7 +174,7 @@ def run_grid(args):
 
         us = graph_time_us(ours, copies, args.repeats)
         try:
-            eager_us = graph_time_us(eager, copies, max(3, args.repeats // 4))
+            eager_us = eager_time_us(eager, copies, max(3, args.repeats // 4))
         except RuntimeError as exc:  # e.g. out of memory for the eager temporaries
             print(f"eager failed: {exc}", flush=True)
             eager_us = float("nan")
