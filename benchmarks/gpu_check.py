@@ -8,7 +8,8 @@ $OUT/bench.csv and $OUT/bench.md (date, GPU, versions, table).
 Per configuration: latency (median over graph replays), the bytes the op needs (SPEC.md
 performance model: 2N gathered scalars, p_e, and q_e when a draft row is rejected, all measured
 from the actual e of every request), achieved bandwidth on those bytes as a fraction of a measured
-device-to-device copy, and the speed-up over a straightforward eager-torch implementation.
+device-to-device copy, and the speed-up over a straightforward eager-torch implementation
+(benchmark.py's run_eager: the residual at every position, then the row at e; timed eagerly).
 Input buffers rotate between replays (several copies captured in one graph) so the L2 cache does
 not flatter the kernel.
 """
@@ -29,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import specops  # noqa: E402
+from benchmark import run_eager  # noqa: E402  (benchmarks/benchmark.py: the one eager baseline)
 from specops.kernels.chain_speculative_sampling import choose_num_splits  # noqa: E402
 
 BATCHES = (1, 16, 64, 256, 1024)
@@ -36,30 +38,6 @@ DRAFTS = (1, 4, 8)
 VOCABS = (32000, 128256, 151936)
 DTYPES = (torch.float32, torch.bfloat16)
 L2_BYTES = 60 * 2**20  # H100/H200 L2 is 50-60 MB: rotate through more than this
-
-
-def eager_torch(draft, ids, target, acc, emit):
-    """A straightforward eager implementation (what one would write without a kernel): full
-    gathers, argmax for e, relu(p - q) for the whole batch, normalise, torch.multinomial."""
-    batch, num_draft = ids.shape
-    rows = torch.arange(batch, device=ids.device)
-    p_d = target[:, :num_draft].gather(2, ids[..., None]).squeeze(2).float()
-    q_d = draft.gather(2, ids[..., None]).squeeze(2).float()
-    u = torch.rand_like(p_d)
-    accepted = u * q_d < p_d
-    rejected = ~accepted
-    e = torch.where(rejected.any(1), rejected.int().argmax(1), num_draft)
-    p_e = target[rows, e].float()
-    q_e = draft[rows, e.clamp(max=num_draft - 1)].float() * (e < num_draft)[:, None]
-    residual = (p_e - q_e).clamp_min(0)
-    residual = residual / residual.sum(-1, keepdim=True).clamp_min(1e-30)
-    token = torch.multinomial(residual, 1).squeeze(1)
-    out = torch.where(torch.arange(num_draft + 1, device=ids.device) < e[:, None],
-                      torch.cat([ids, ids[:, :1]], 1), -1)
-    out[rows, e] = token
-    acc.add_(accepted.sum(1).to(acc.dtype))
-    emit.add_(e.to(emit.dtype))
-    return out
 
 
 def graph_time_us(fn, copies, repeats):
@@ -170,7 +148,7 @@ def run_grid(args):
 
         def eager(i):
             draft, ids, target = sets[i]
-            return eager_torch(draft, ids, target, acc, emit)
+            return run_eager(draft, ids, target, None)
 
         us = graph_time_us(ours, copies, args.repeats)
         try:
