@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,13 @@ def python_blocks(path: Path) -> list[tuple[str, bool, int]]:
 
 
 def run_block(code: str, name: str) -> None:
-    exec(compile(code, name, "exec"), {"__name__": "__doc_block__"})
+    """Run a doc block as a module of its own (torch.compile looks its globals' module up)."""
+    module = types.ModuleType("__doc_block__")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, name, "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
 
 
 def all_blocks():
@@ -65,9 +72,9 @@ def test_readme_usage_example_runs(capsys):
 
 @pytest.mark.parametrize("code,runnable", list(all_blocks()))
 def test_doc_python_block(code, runnable):
-    compiled = compile(code, "<doc block>", "exec")
+    compile(code, "<doc block>", "exec")
     if runnable:
-        exec(compiled, {"__name__": "__doc_block__"})
+        run_block(code, "<doc block>")
 
 
 @pytest.mark.parametrize("path", [ROOT / "README.md", *DOCS], ids=lambda p: p.name)
