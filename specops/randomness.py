@@ -48,29 +48,31 @@ def race_slot(num_draft: int, chunk: int) -> int:
     return num_draft + 1 + chunk
 
 
-def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit halves of the 64-bit product of uint32 values held in int64.
-
-    The product may pass 2**63; int64 multiplication wraps modulo 2**64 (on every torch backend),
-    which keeps all 64 bits of the unsigned product, so both halves are read off its bit pattern.
-    The known-answer tests in tests/test_randomness.py would catch a platform where it did not.
-    """
-    product = a * m
-    return (product >> 32) & _MASK32, product & _MASK32
-
-
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]):
-    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting). Returns 4 words."""
+    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting). Returns 4 words.
+
+    Each round multiplies two counter words into 64-bit products: the high halves are mixed into
+    the next round's words, the low halves become words themselves. int64 multiplication wraps
+    modulo 2**64 (on every torch backend), which keeps all 64 bits of the unsigned product; the
+    arithmetic shift and the unmasked low halves and keys leave garbage above bit 31, and masking a
+    word once before it is multiplied (and on return) removes it: only low bits feed low bits.
+    The known-answer tests in tests/test_randomness.py would catch a platform where this failed.
+    """
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for round_ in range(PHILOX_ROUNDS):
         if round_ > 0:
-            k0 = (k0 + PHILOX_W0) & _MASK32
-            k1 = (k1 + PHILOX_W1) & _MASK32
-        hi0, lo0 = _mulhilo32(c0, PHILOX_M0)
-        hi1, lo1 = _mulhilo32(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
+            k0 = k0 + PHILOX_W0  # the key bump is modulo 2**32: its high bits are masked below
+            k1 = k1 + PHILOX_W1
+        product0 = c0 * PHILOX_M0
+        product1 = c2 * PHILOX_M1
+        c0, c1, c2, c3 = (
+            ((product1 >> 32) ^ c1 ^ k0) & _MASK32,  # high half of product1
+            product1,  # low half of product1, masked later
+            ((product0 >> 32) ^ c3 ^ k1) & _MASK32,
+            product0,
+        )
+    return c0, c1 & _MASK32, c2, c3 & _MASK32
 
 
 def uint32_to_uniform(x: torch.Tensor) -> torch.Tensor:

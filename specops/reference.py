@@ -10,6 +10,8 @@ Sampling from a row r (step 5) uses the launch-independent algorithm the kernel 
   * chunk k wins an exponential race with key -log(u_k) / w_k (smallest key wins, ties go to the
     lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
+Rows are padded with zeros to whole chunks, and the row a request samples is formed once: the
+residual where a valid draft token was rejected at e, p_e itself elsewhere.
 Chunk masses are float32 sums (the kernel sums in another order, so a race between two keys within
 ~1e-7 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
 scaled by, are float64 over the winning chunk alone, so a token moves only when a uniform lands
@@ -22,29 +24,61 @@ import torch
 
 from .randomness import CHUNK_SIZE, cdf_slot, num_chunks, race_slot, request_uniforms
 
+_FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits; every larger value is a NaN
+
 
 def sanitize_(probs: torch.Tensor) -> torch.Tensor:
     """In place on a float32 tensor: NaN, +-inf and negative probabilities count as 0 (step 3)."""
     return probs.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_min_(0.0)
 
 
-def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """Float32 copy of row probs[b, position[b]] for every b: (B, M, V) -> (B, V), one read."""
+def sanitize_rows_(rows: torch.Tensor) -> torch.Tensor:
+    """sanitize_ for the large (B, V) rows, skipping the rewrite when they are already clean.
+
+    The bit patterns of finite non-negative float32 values are exactly the int32 values in
+    [0, 0x7F800000), so one min/max pass over the bits tells (NaN, infinities and every negative
+    number, -0.0 included, fall outside). On CPU that pass is cheaper than the two that rewrite the
+    rows; on a GPU the answer would cost a host synchronisation (and break CUDA-graph capture).
+    """
+    if rows.device.type == "cpu" and rows.numel() > 0:
+        low, high = torch.aminmax(rows.view(torch.int32))
+        if bool(low >= 0) and bool(high < _FLOAT32_INF_BITS):
+            return rows
+    return sanitize_(rows)
+
+
+def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """probs[b, j, ids[b, j]] for every b and every draft position j, as float32: (B, N)."""
     batch, positions, vocab = probs.shape
-    if probs.stride(0) != positions * probs.stride(1):  # e.g. expand()ed over the batch
-        return probs[torch.arange(batch, device=probs.device), position].float()
+    device = ids.device
+    row = torch.arange(batch, device=device)[:, None] * positions + torch.arange(ids.shape[1], device=device)
+    return probs.take(row * vocab + ids).float()  # take indexes the logical (row-major) layout
+
+
+def padded_rows(count: int, batch: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """(count, B, K * CHUNK_SIZE) float32 rows, zero past the vocabulary: every chunk is a full
+    CHUNK_SIZE wide, and tail tokens (zero) are never sampled."""
+    rows = torch.empty(count, batch, num_chunks(vocab) * CHUNK_SIZE, device=device)
+    rows[:, :, vocab:] = 0.0
+    return rows
+
+
+def gather_rows_(out: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """out[b, :V] = probs[b, position[b]] as float32 for every b (one read of one row each)."""
+    batch, positions, vocab = probs.shape
+    if probs.dtype != torch.float32 or probs.stride(0) != positions * probs.stride(1):
+        # Other dtypes, or e.g. a tensor expand()ed over the batch: index, then convert.
+        out[:, :vocab] = probs[torch.arange(batch, device=probs.device), position]
+        return out
     flat_row = torch.arange(batch, device=probs.device) * positions + position
-    return probs.reshape(batch * positions, vocab).index_select(0, flat_row).float()
+    torch.index_select(probs.reshape(batch * positions, vocab), 0, flat_row, out=out[:, :vocab])
+    return out
 
 
 def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
-    """Float32 mass of every CHUNK_SIZE-token chunk of each row: (B, V) -> (B, K)."""
-    batch, vocab = rows.shape
-    full = vocab // CHUNK_SIZE
-    masses = [rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1)]
-    if vocab % CHUNK_SIZE:
-        masses.append(rows[:, full * CHUNK_SIZE :].sum(-1, keepdim=True))
-    return torch.cat(masses, dim=1)
+    """Float32 mass of every chunk of padded rows: (B, K * CHUNK_SIZE) -> (B, K)."""
+    batch, width = rows.shape
+    return rows.view(batch, width // CHUNK_SIZE, CHUNK_SIZE).sum(-1)
 
 
 def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
@@ -55,25 +89,18 @@ def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
     return chunk, key
 
 
-def chunk_lanes(chunk: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids of chunk ``chunk[b]`` for every b, clamped into the vocabulary, and which of them
-    are real tokens: two (B, C) tensors (C no wider than the vocabulary)."""
-    width = min(CHUNK_SIZE, vocab)  # lanes past the vocabulary would only hold zeros
-    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=chunk.device)
-    return token.clamp(max=vocab - 1), token < vocab
-
-
 def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index in each (B, C) chunk of the first positive value whose float64 prefix sum exceeds
-    u * (the chunk's float64 total)."""
-    width = values.shape[1]
-    positive = values > 0
+    """Index in each (B, C) chunk of the first value whose float64 prefix sum exceeds u * (the
+    chunk's float64 total).
+
+    That value is positive: torch's CPU cumsum adds in order, so the prefix sum never decreases
+    and grows only at positive values. A chunk with mass always has such a value, as u < 1; an
+    empty chunk (whose token is discarded) gives C - 1.
+    """
     cdf = values.double().cumsum(dim=1)
-    hit = positive & (cdf > u.double()[:, None] * cdf[:, -1:])
-    any_hit, first_hit = hit.to(torch.uint8).max(dim=1)  # max(dim) gives the first maximum
-    # Rounding could leave no hit (not with a sequential sum): then take the last positive value.
-    last_positive = width - 1 - positive.flip(1).to(torch.uint8).max(dim=1).indices
-    return torch.where(any_hit.bool(), first_hit, last_positive)
+    threshold = u.double()[:, None] * cdf[:, -1:]
+    first = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # first cdf > threshold
+    return first.clamp(max=values.shape[1] - 1)
 
 
 def chain_speculative_sampling_reference(
@@ -102,11 +129,11 @@ def chain_speculative_sampling_reference(
     safe_ids = ids.clamp(0, vocab - 1)
 
     # Step 3: one coin per position, judged on p_j[d_j] and q_j[d_j] alone.
-    p_draft = sanitize_(target_probs[:, :num_draft].gather(2, safe_ids[..., None]).squeeze(2).float())
+    p_draft = sanitize_(at_draft_ids(target_probs, safe_ids))
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
-        q_draft = sanitize_(draft_probs.gather(2, safe_ids[..., None]).squeeze(2).float())
+        q_draft = sanitize_(at_draft_ids(draft_probs, safe_ids))
     accepted = valid & (coins * q_draft < p_draft)
 
     # Step 4: e = first position not accepted (N when all are).
@@ -118,27 +145,35 @@ def chain_speculative_sampling_reference(
     e_draft = e.clamp(max=num_draft - 1)
     residual_at_e = (e < num_draft) & valid[rows, e_draft]
     d_e = safe_ids[rows, e_draft]
-    # (Rows that sample from p_e compute a residual too, and ignore it: cheaper than masking.)
-    p_row = sanitize_(gather_rows(target_probs, e))  # (B, V): the only target row read
+    # The row each request samples ("dist"): the residual relu(p_e - q_e) where a valid draft token
+    # was rejected at e, p_e itself elsewhere. Rows are padded to whole chunks.
+    rows_e = padded_rows(2, batch, vocab, device)
+    p_e, dist = rows_e[0], rows_e[1]
+    gather_rows_(p_e, target_probs, e)  # the only target row read
     if draft_probs is None:
+        sanitize_rows_(p_e)
         # q is one-hot at d_e: relu(p - q) is p with d_e removed.
-        residual = p_row.clone()
-        residual[rows, d_e] = 0.0
+        dist.copy_(p_e)
+        dist[rows, d_e] = torch.where(residual_at_e, 0.0, dist[rows, d_e])
     else:
-        q_row = sanitize_(gather_rows(draft_probs, e_draft))
-        residual = torch.sub(p_row, q_row, out=q_row).clamp_min_(0.0)
+        q_e = gather_rows_(dist, draft_probs, e_draft)
+        sanitize_rows_(rows_e)
+        # p - w * q, w = 1 where the residual is wanted and 0 elsewhere; then relu.
+        torch.addcmul(p_e, q_e, residual_at_e[:, None].float(), value=-1.0, out=dist).clamp_min_(0.0)
+    masses = chunk_masses(dist)
+    # Where the residual has no mass at all the request samples p_e instead. That is rare, so on
+    # CPU (where asking costs nothing) the rows are only swapped when some request needs it.
+    p_instead = residual_at_e & (masses.sum(dim=1) == 0)
+    if device.type != "cpu" or bool(p_instead.any()):
+        dist = torch.where(p_instead[:, None], p_e, dist)
+        masses = chunk_masses(dist)
 
-    # Both races share the race uniforms; p_e's is used when the residual is not wanted or has
-    # no mass, and when p_e has none either the token is -1.
-    exponentials = -torch.log(u_race.double())
-    res_chunk, res_key = race_winner(chunk_masses(residual), exponentials)
-    p_chunk, p_key = race_winner(chunk_masses(p_row), exponentials)
-    use_residual = residual_at_e & torch.isfinite(res_key)
-    has_mass = use_residual | torch.isfinite(p_key)
-    chunk = torch.where(use_residual, res_chunk, p_chunk)
-    lanes, in_vocab = chunk_lanes(chunk, vocab)
-    values = torch.where(use_residual[:, None], residual.gather(1, lanes), p_row.gather(1, lanes))
-    token = chunk * CHUNK_SIZE + inverse_cdf(values.mul_(in_vocab), u_cdf)
+    # Exponential race over the chunks, then the inverse CDF inside the winning one. With no mass
+    # at all (p_e is zero too) the key is infinite and the token -1.
+    chunk, key = race_winner(masses, -torch.log(u_race.double()))
+    has_mass = torch.isfinite(key)
+    values = dist.view(batch, masses.shape[1], CHUNK_SIZE)[rows, chunk]  # (B, CHUNK_SIZE)
+    token = chunk * CHUNK_SIZE + inverse_cdf(values, u_cdf)
 
     # Step 4: output = accepted prefix, the sampled token at e (-1 without mass), then -1.
     output = torch.full((batch, num_draft + 1), -1, dtype=torch.int32, device=device)
