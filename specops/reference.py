@@ -55,11 +55,11 @@ def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return probs.take(row * vocab + ids).float()  # take indexes the logical (row-major) layout
 
 
-def padded_rows(count: int, batch: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """(count, B, K * CHUNK_SIZE) float32 rows, zero past the vocabulary: every chunk is a full
-    CHUNK_SIZE wide, and tail tokens (zero) are never sampled."""
-    rows = torch.empty(count, batch, num_chunks(vocab) * CHUNK_SIZE, device=device)
-    rows[:, :, vocab:] = 0.0
+def padded_rows(batch: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """(B, K * CHUNK_SIZE) float32 rows, zero past the vocabulary: every chunk is CHUNK_SIZE wide,
+    and the tail tokens (zero) are never sampled."""
+    rows = torch.empty(batch, num_chunks(vocab) * CHUNK_SIZE, device=device)
+    rows[:, vocab:] = 0.0
     return rows
 
 
@@ -147,19 +147,21 @@ def chain_speculative_sampling_reference(
     d_e = safe_ids[rows, e_draft]
     # The row each request samples ("dist"): the residual relu(p_e - q_e) where a valid draft token
     # was rejected at e, p_e itself elsewhere. Rows are padded to whole chunks.
-    rows_e = padded_rows(2, batch, vocab, device)
-    p_e, dist = rows_e[0], rows_e[1]
-    gather_rows_(p_e, target_probs, e)  # the only target row read
+    # Two allocations, not one of twice the size: glibc maps blocks over 32 MB afresh on every call,
+    # and their page faults cost more than the work (docs/performance.md).
+    p_e = gather_rows_(padded_rows(batch, vocab, device), target_probs, e)  # the only target row read
     if draft_probs is None:
         sanitize_rows_(p_e)
         # q is one-hot at d_e: relu(p - q) is p with d_e removed.
-        dist.copy_(p_e)
+        dist = p_e.clone()
         dist[rows, d_e] = torch.where(residual_at_e, 0.0, dist[rows, d_e])
     else:
-        q_e = gather_rows_(dist, draft_probs, e_draft)
-        sanitize_rows_(rows_e)
-        # p - w * q, w = 1 where the residual is wanted and 0 elsewhere; then relu.
-        torch.addcmul(p_e, q_e, residual_at_e[:, None].float(), value=-1.0, out=dist).clamp_min_(0.0)
+        q_e = gather_rows_(padded_rows(batch, vocab, device), draft_probs, e_draft)
+        sanitize_rows_(p_e)
+        sanitize_rows_(q_e)
+        # p - w * q, w = 1 where the residual is wanted and 0 elsewhere; then relu. In place of q_e.
+        dist = torch.addcmul(p_e, q_e, residual_at_e[:, None].float(), value=-1.0, out=q_e)
+        dist.clamp_min_(0.0)
     masses = chunk_masses(dist)
     # Where the residual has no mass at all the request samples p_e instead. That is rare, so on
     # CPU (where asking costs nothing) the rows are only swapped when some request needs it.

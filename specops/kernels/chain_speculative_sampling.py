@@ -62,8 +62,8 @@ def _race_key(mass, neg_log_u):
 @triton.jit
 def _inverse_cdf(values, u, CHUNK: tl.constexpr):
     """Index of the first positive value whose float64 prefix sum exceeds u * (the last prefix
-    sum); when rounding leaves none, the last positive value (same rule as
-    reference.inverse_cdf)."""
+    sum), as reference.inverse_cdf; when rounding leaves none (possible here, where tl.cumsum is a
+    tree scan, not with the reference's in-order sum), the last positive value."""
     idx = tl.arange(0, CHUNK)
     positive = values > 0
     cdf = tl.cumsum(values.to(tl.float64), axis=0)
