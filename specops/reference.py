@@ -10,8 +10,8 @@ Sampling from a row r (step 5) uses the launch-independent algorithm the kernel 
   * chunk k wins an exponential race with key -log(u_k) / w_k (smallest key wins, ties go to the
     lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
-Rows are padded with zeros to whole chunks, and the row a request samples is formed once: the
-residual where a valid draft token was rejected at e, p_e itself elsewhere.
+The row a request samples is formed once: the residual where a valid draft token was rejected at
+e, p_e itself elsewhere.
 Chunk masses are float32 sums (the kernel sums in another order, so a race between two keys within
 ~1e-7 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
 scaled by, are float64 over the winning chunk alone, so a token moves only when a uniform lands
@@ -55,30 +55,48 @@ def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return probs.take(row * vocab + ids).float()  # take indexes the logical (row-major) layout
 
 
-def padded_rows(batch: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """(B, K * CHUNK_SIZE) float32 rows, zero past the vocabulary: every chunk is CHUNK_SIZE wide,
-    and the tail tokens (zero) are never sampled."""
-    rows = torch.empty(batch, num_chunks(vocab) * CHUNK_SIZE, device=device)
-    rows[:, vocab:] = 0.0
-    return rows
-
-
-def gather_rows_(out: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """out[b, :V] = probs[b, position[b]] as float32 for every b (one read of one row each)."""
+def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Float32 copy of row probs[b, position[b]] for every b: (B, M, V) -> (B, V), one read."""
     batch, positions, vocab = probs.shape
-    if probs.dtype != torch.float32 or probs.stride(0) != positions * probs.stride(1):
-        # Other dtypes, or e.g. a tensor expand()ed over the batch: index, then convert.
-        out[:, :vocab] = probs[torch.arange(batch, device=probs.device), position]
-        return out
+    if probs.stride(0) != positions * probs.stride(1):  # e.g. expand()ed over the batch
+        return probs[torch.arange(batch, device=probs.device), position].float()
     flat_row = torch.arange(batch, device=probs.device) * positions + position
-    torch.index_select(probs.reshape(batch * positions, vocab), 0, flat_row, out=out[:, :vocab])
-    return out
+    return probs.reshape(batch * positions, vocab).index_select(0, flat_row).float()
 
 
 def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
-    """Float32 mass of every chunk of padded rows: (B, K * CHUNK_SIZE) -> (B, K)."""
-    batch, width = rows.shape
-    return rows.view(batch, width // CHUNK_SIZE, CHUNK_SIZE).sum(-1)
+    """Float32 mass of every CHUNK_SIZE-token chunk of each row: (B, V) -> (B, K)."""
+    batch, vocab = rows.shape
+    full = vocab // CHUNK_SIZE
+    masses = [rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1)]
+    if vocab % CHUNK_SIZE:
+        masses.append(rows[:, full * CHUNK_SIZE :].sum(-1, keepdim=True))
+    return torch.cat(masses, dim=1)
+
+
+def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    """The values of chunk ``chunk[b]`` of every row b, zero past the vocabulary: (B, C), C no
+    wider than the vocabulary."""
+    vocab = rows.shape[1]
+    width = min(CHUNK_SIZE, vocab)
+    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=rows.device)
+    return rows.gather(1, token.clamp(max=vocab - 1)).mul_(token < vocab)
+
+
+def sampled_rows(p_e: torch.Tensor, q_e: torch.Tensor | None, use_residual: torch.Tensor,
+                 d_e: torch.Tensor) -> torch.Tensor:
+    """relu(p_e - q_e) in the rows where use_residual, relu(p_e) elsewhere: (B, V).
+
+    q_e must be sanitised; p_e need not be, except for NaN and +inf: the relu zeroes its negative
+    and -inf values, which is what sanitising them first would give. q_e is overwritten.
+    ``q_e=None`` means draft_probs=None: q is one-hot at d_e, so the residual is p with d_e removed.
+    """
+    if q_e is None:
+        rows = p_e.clamp_min(0.0)
+        rows[torch.arange(rows.shape[0], device=rows.device), d_e] *= ~use_residual
+        return rows
+    # p - w * q with w = 1 where the residual is wanted and 0 elsewhere, then the relu.
+    return torch.addcmul(p_e, q_e, use_residual[:, None].float(), value=-1.0, out=q_e).clamp_min_(0.0)
 
 
 def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
@@ -146,36 +164,33 @@ def chain_speculative_sampling_reference(
     residual_at_e = (e < num_draft) & valid[rows, e_draft]
     d_e = safe_ids[rows, e_draft]
     # The row each request samples ("dist"): the residual relu(p_e - q_e) where a valid draft token
-    # was rejected at e, p_e itself elsewhere. Rows are padded to whole chunks.
-    # Two allocations, not one of twice the size: glibc maps blocks over 32 MB afresh on every call,
-    # and their page faults cost more than the work (docs/performance.md).
-    p_e = gather_rows_(padded_rows(batch, vocab, device), target_probs, e)  # the only target row read
-    if draft_probs is None:
-        sanitize_rows_(p_e)
-        # q is one-hot at d_e: relu(p - q) is p with d_e removed.
-        dist = p_e.clone()
-        dist[rows, d_e] = torch.where(residual_at_e, 0.0, dist[rows, d_e])
-    else:
-        q_e = gather_rows_(padded_rows(batch, vocab, device), draft_probs, e_draft)
-        sanitize_rows_(p_e)
-        sanitize_rows_(q_e)
-        # p - w * q, w = 1 where the residual is wanted and 0 elsewhere; then relu. In place of q_e.
-        dist = torch.addcmul(p_e, q_e, residual_at_e[:, None].float(), value=-1.0, out=q_e)
-        dist.clamp_min_(0.0)
+    # was rejected at e, p_e itself elsewhere. On CPU, p_e is sanitised only when it must be: the
+    # relu already zeroes its negative and -inf values, and a NaN or +inf shows as a non-finite
+    # chunk mass. (On a GPU that question would be a host synchronisation, so p_e is sanitised.)
+    p_e = gather_rows(target_probs, e)  # (B, V): the only target row read
+    if device.type != "cpu":
+        sanitize_(p_e)
+    q_e = None if draft_probs is None else sanitize_rows_(gather_rows(draft_probs, e_draft))
+    dist = sampled_rows(p_e, q_e, residual_at_e, d_e)
     masses = chunk_masses(dist)
+    if device.type == "cpu" and not bool(torch.isfinite(masses).all()):
+        # A NaN or +inf in p_e: sanitise it and form the rows again (q_e was overwritten).
+        sanitize_(p_e)
+        q_e = None if draft_probs is None else sanitize_rows_(gather_rows(draft_probs, e_draft))
+        dist = sampled_rows(p_e, q_e, residual_at_e, d_e)
+        masses = chunk_masses(dist)
     # Where the residual has no mass at all the request samples p_e instead. That is rare, so on
     # CPU (where asking costs nothing) the rows are only swapped when some request needs it.
     p_instead = residual_at_e & (masses.sum(dim=1) == 0)
     if device.type != "cpu" or bool(p_instead.any()):
-        dist = torch.where(p_instead[:, None], p_e, dist)
+        dist = torch.where(p_instead[:, None], sanitize_rows_(p_e), dist)
         masses = chunk_masses(dist)
 
     # Exponential race over the chunks, then the inverse CDF inside the winning one. With no mass
     # at all (p_e is zero too) the key is infinite and the token -1.
     chunk, key = race_winner(masses, -torch.log(u_race.double()))
     has_mass = torch.isfinite(key)
-    values = dist.view(batch, masses.shape[1], CHUNK_SIZE)[rows, chunk]  # (B, CHUNK_SIZE)
-    token = chunk * CHUNK_SIZE + inverse_cdf(values, u_cdf)
+    token = chunk * CHUNK_SIZE + inverse_cdf(chunk_values(dist, chunk), u_cdf)
 
     # Step 4: output = accepted prefix, the sampled token at e (-1 without mass), then -1.
     output = torch.full((batch, num_draft + 1), -1, dtype=torch.int32, device=device)

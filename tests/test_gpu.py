@@ -186,3 +186,33 @@ def test_cuda_graph_capture_and_replay():
         e_ref = torch.zeros_like(emit)
         ref = chain_speculative_sampling_reference(q, ids, target, a_ref, e_ref, seed, offset)
         assert torch.equal(out2, ref) and torch.equal(acc, a_ref) and torch.equal(emit, e_ref)
+
+
+def test_reference_backend_captures_in_cuda_graph(monkeypatch):
+    """SPECOPS_BACKEND=torch on CUDA tensors: the reference asks the data nothing on the host (its
+    CPU-only shortcuts are off), so it too can be captured; replays equal eager calls."""
+    monkeypatch.setenv("SPECOPS_BACKEND", "torch")
+    batch, num_draft, vocab = 8, 3, 5000
+    q, ids, target = make_inputs(batch, num_draft, vocab)
+    target[0, :, 7] = float("nan")  # the sanitising path too
+    acc, emit, seed, offset = op_args(batch)
+
+    def step():
+        return torch.ops.specops.chain_speculative_sampling(q, ids, target, acc, emit, seed, offset)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # raises if anything synchronises with the host
+        out = step()
+    for new_offset in (0, 5):
+        offset.fill_(new_offset)
+        acc.zero_()
+        emit.zero_()
+        graph.replay()
+        a_ref, e_ref = torch.zeros_like(acc), torch.zeros_like(emit)
+        ref = chain_speculative_sampling_reference(q, ids, target, a_ref, e_ref, seed, offset)
+        assert torch.equal(out, ref) and torch.equal(acc, a_ref) and torch.equal(emit, e_ref)

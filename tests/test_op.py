@@ -351,3 +351,21 @@ def test_empty_batch():
         assert out.shape == (0, 4)
         a, e = counters(0, torch.int64)
         assert OP(q, d, p, a, e, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_reference_asks_no_data_questions_off_cpu(with_draft):
+    """Off CPU the reference must not read data on the host (a GPU would synchronise, and CUDA-graph
+    capture would fail): its CPU-only shortcuts are off there. On the meta device any such read
+    raises, so running it there end to end shows there is none."""
+    from specops.reference import chain_speculative_sampling_reference
+
+    batch, num_draft, vocab = 4, 3, 3000
+    meta = dict(device="meta")
+    draft = torch.empty(batch, num_draft, vocab, **meta) if with_draft else None
+    target = torch.empty(batch, num_draft + 1, vocab, **meta)
+    ids = torch.empty(batch, num_draft, dtype=torch.int64, **meta)
+    counters = [torch.empty(batch, dtype=torch.int32, **meta) for _ in range(2)]
+    seed = offset = torch.empty(batch, dtype=torch.int64, **meta)
+    out = chain_speculative_sampling_reference(draft, ids, target, *counters, seed, offset)
+    assert out.shape == (batch, num_draft + 1) and out.dtype == torch.int32
