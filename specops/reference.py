@@ -77,10 +77,15 @@ def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
 def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     """The values of chunk ``chunk[b]`` of every row b, zero past the vocabulary: (B, C), C no
     wider than the vocabulary."""
-    vocab = rows.shape[1]
-    width = min(CHUNK_SIZE, vocab)
-    token = chunk[:, None] * CHUNK_SIZE + torch.arange(width, device=rows.device)
-    return rows.gather(1, token.clamp(max=vocab - 1)).mul_(token < vocab)
+    batch, vocab = rows.shape
+    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
+    index = torch.arange(batch, device=rows.device)
+    if full:  # unfold views the whole chunks as (B, full, C)
+        values = rows.unfold(1, CHUNK_SIZE, CHUNK_SIZE)[index, chunk.clamp(max=full - 1)]
+    if not tail:
+        return values
+    last = torch.nn.functional.pad(rows[:, full * CHUNK_SIZE :], (0, min(CHUNK_SIZE, vocab) - tail))
+    return torch.where((chunk == full)[:, None], last, values) if full else last
 
 
 def sampled_rows(p_e: torch.Tensor, q_e: torch.Tensor | None, use_residual: torch.Tensor,
@@ -115,7 +120,7 @@ def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     and grows only at positive values. A chunk with mass always has such a value, as u < 1; an
     empty chunk (whose token is discarded) gives C - 1.
     """
-    cdf = values.double().cumsum(dim=1)
+    cdf = values.cumsum(dim=1, dtype=torch.float64)
     threshold = u.double()[:, None] * cdf[:, -1:]
     first = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # first cdf > threshold
     return first.clamp(max=values.shape[1] - 1)
