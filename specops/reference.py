@@ -51,7 +51,8 @@ def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """probs[b, j, ids[b, j]] for every b and every draft position j, as float32: (B, N)."""
     batch, positions, vocab = probs.shape
     device = ids.device
-    row = torch.arange(batch, device=device)[:, None] * positions + torch.arange(ids.shape[1], device=device)
+    row = torch.arange(batch, device=device)[:, None] * positions
+    row = row + torch.arange(ids.shape[1], device=device)
     return probs.take(row * vocab + ids).float()  # take indexes the logical (row-major) layout
 
 
@@ -88,19 +89,21 @@ def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     return torch.where((chunk == full)[:, None], last, values) if full else last
 
 
-def sampled_rows(p_e: torch.Tensor, q_e: torch.Tensor | None, use_residual: torch.Tensor,
-                 d_e: torch.Tensor) -> torch.Tensor:
-    """relu(p_e - q_e) in the rows where use_residual, relu(p_e) elsewhere: (B, V).
+def sampled_rows(p_e: torch.Tensor, draft_probs: torch.Tensor | None, e_draft: torch.Tensor,
+                 use_residual: torch.Tensor, d_e: torch.Tensor) -> torch.Tensor:
+    """relu(p_e - q_e) in the rows where use_residual, relu(p_e) elsewhere: (B, V), with q_e the
+    sanitised draft row at e_draft (gathered here) or, without draft_probs, one-hot at d_e.
 
-    q_e must be sanitised; p_e need not be, except for NaN and +inf: the relu zeroes its negative
-    and -inf values, which is what sanitising them first would give. q_e is overwritten.
-    ``q_e=None`` means draft_probs=None: q is one-hot at d_e, so the residual is p with d_e removed.
+    p_e need not be sanitised, except for NaN and +inf: the relu zeroes its negative and -inf
+    values, which is what sanitising them first would give.
     """
-    if q_e is None:
+    if draft_probs is None:
+        # q is one-hot at d_e: the residual is p with d_e removed.
         rows = p_e.clamp_min(0.0)
         rows[torch.arange(rows.shape[0], device=rows.device), d_e] *= ~use_residual
         return rows
-    # p - w * q with w = 1 where the residual is wanted and 0 elsewhere, then the relu.
+    q_e = sanitize_rows_(gather_rows(draft_probs, e_draft))
+    # p - w * q with w = 1 where the residual is wanted and 0 elsewhere, then the relu (in q_e).
     return torch.addcmul(p_e, q_e, use_residual[:, None].float(), value=-1.0, out=q_e).clamp_min_(0.0)
 
 
@@ -175,14 +178,11 @@ def chain_speculative_sampling_reference(
     p_e = gather_rows(target_probs, e)  # (B, V): the only target row read
     if device.type != "cpu":
         sanitize_(p_e)
-    q_e = None if draft_probs is None else sanitize_rows_(gather_rows(draft_probs, e_draft))
-    dist = sampled_rows(p_e, q_e, residual_at_e, d_e)
+    dist = sampled_rows(p_e, draft_probs, e_draft, residual_at_e, d_e)
     masses = chunk_masses(dist)
     if device.type == "cpu" and not bool(torch.isfinite(masses).all()):
-        # A NaN or +inf in p_e: sanitise it and form the rows again (q_e was overwritten).
-        sanitize_(p_e)
-        q_e = None if draft_probs is None else sanitize_rows_(gather_rows(draft_probs, e_draft))
-        dist = sampled_rows(p_e, q_e, residual_at_e, d_e)
+        sanitize_(p_e)  # it held a NaN or +inf
+        dist = sampled_rows(p_e, draft_probs, e_draft, residual_at_e, d_e)
         masses = chunk_masses(dist)
     # Where the residual has no mass at all the request samples p_e instead. That is rare, so on
     # CPU (where asking costs nothing) the rows are only swapped when some request needs it.
