@@ -265,3 +265,26 @@ def test_non_contiguous_inputs_match_contiguous():
     got = specops.chain_speculative_sampling(row_q.expand(batch, -1, -1), d, row_p.expand(batch, -1, -1), seed=4)
     for x, y in zip(ref, got):
         assert torch.equal(x, y)
+
+
+def test_rows_past_2_31_elements():
+    """64-bit indexing: the last request's rows start past element 2**31 of the inputs. The inputs
+    are allocated but, except for those rows, never written: untouched pages cost no memory, so
+    this runs on a CI machine (~8.6 GB of address space, under 1 GB resident)."""
+    batch, num_draft, vocab = 1040, 63, 32768
+    target = torch.empty(batch, num_draft + 1, vocab, dtype=torch.float16)
+    draft = torch.empty(batch, num_draft, vocab, dtype=torch.float16)
+    last, token = batch - 1, 30001
+    assert last * (num_draft + 1) * vocab > 2**31
+    # The last request: draft id 5 is certain under p and q at position 0 (accepted whatever the
+    # coin), impossible under p at position 1 (rejected), where the residual relu(p_1 - q_1) is
+    # one-hot at `token`. Its result depends on these rows alone; a 32-bit offset anywhere would
+    # read other memory and change it.
+    target[last, :2].zero_()
+    draft[last, :2].zero_()
+    target[last, 0, 5] = draft[last, 0, 5] = 1.0
+    target[last, 1, token] = draft[last, 1, 5] = 1.0
+    ids = torch.full((batch, num_draft), 5)
+    out, accepted, emitted = specops.chain_speculative_sampling(draft, ids, target, seed=3)
+    assert out[last].tolist() == [5, token] + [-1] * (num_draft - 1)
+    assert accepted[last] == 1 and emitted[last] == 1
