@@ -20,6 +20,8 @@ within ~1e-16 of a boundary.  docs/kernel.md records the measured kernel/referen
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .randomness import CHUNK_SIZE, cdf_slot, num_chunks, race_slot, request_uniforms
@@ -129,6 +131,25 @@ def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return first.clamp(max=values.shape[1] - 1)
 
 
+def in_inference_mode(function):
+    """Run ``function`` in inference mode and clone its tensor result out of it.
+
+    Inference mode spares each of the reference's ~250 operations autograd's bookkeeping (about a
+    tenth of a call, docs/performance.md); the clone gives the caller an ordinary tensor (an
+    inference tensor refuses in-place updates outside inference mode). In-place updates of the
+    caller's counters inside it are allowed.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode():
+            result = function(*args, **kwargs)
+        return result.clone()
+
+    return wrapper
+
+
+@in_inference_mode
 def chain_speculative_sampling_reference(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -139,25 +160,6 @@ def chain_speculative_sampling_reference(
     offset: torch.Tensor,
 ) -> torch.Tensor:
     """Returns output_token_ids (B, N+1) int32 and adds to accepted_num / emitted_num in place."""
-    # Inference mode spares each of the ~250 operations autograd's bookkeeping (about a tenth of a
-    # call, docs/performance.md); the output is cloned out of it so the caller gets an ordinary
-    # tensor (an inference tensor refuses in-place updates outside inference mode).
-    with torch.inference_mode():
-        output = _sample(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                         seed, offset)
-    return output.clone()
-
-
-def _sample(
-    draft_probs: torch.Tensor | None,
-    draft_token_ids: torch.Tensor,
-    target_probs: torch.Tensor,
-    accepted_num: torch.Tensor,
-    emitted_num: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
-) -> torch.Tensor:
-    """chain_speculative_sampling_reference, step by step (run in inference mode)."""
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device
