@@ -82,31 +82,86 @@ def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     wider than the vocabulary."""
     batch, vocab = rows.shape
     full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
-    index = torch.arange(batch, device=rows.device)
-    if full:  # unfold views the whole chunks as (B, full, C)
-        values = rows.unfold(1, CHUNK_SIZE, CHUNK_SIZE)[index, chunk.clamp(max=full - 1)]
+    if full and batch:
+        # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole
+        # chunk k of row b is window b * V + k * CHUNK_SIZE.
+        windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
+        start = torch.arange(batch, device=rows.device) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
+        values = windows.index_select(0, start)
+    elif full:
+        values = rows.new_zeros(0, CHUNK_SIZE)
     if not tail:
         return values
     last = torch.nn.functional.pad(rows[:, full * CHUNK_SIZE :], (0, min(CHUNK_SIZE, vocab) - tail))
     return torch.where((chunk == full)[:, None], last, values) if full else last
 
 
-def sampled_rows(p_e: torch.Tensor, draft_probs: torch.Tensor | None, e_draft: torch.Tensor,
-                 use_residual: torch.Tensor, d_e: torch.Tensor) -> torch.Tensor:
-    """relu(p_e - q_e) in the rows where use_residual, relu(p_e) elsewhere: (B, V), with q_e the
-    sanitised draft row at e_draft (gathered here) or, without draft_probs, one-hot at d_e.
+def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """rows[b] += probs[b, position[b]] for every b, in place; rows is float32 (B, V)."""
+    batch, positions, vocab = probs.shape
+    if (probs.device.type != "cpu" or probs.dtype != torch.float32 or batch == 0
+            or probs.stride(0) != positions * probs.stride(1)):
+        return rows.add_(gather_rows(probs, position))
+    # A sparse (B, B*M) matrix with one 1 per row, at column b*M + position[b], selects the rows:
+    # addmm_ adds them to ``rows`` where they lie, without first copying them out as a gather does
+    # (one write of 4*B*V bytes fewer; docs/performance.md).
+    index = torch.arange(batch, device=rows.device)
+    select = torch.sparse_coo_tensor(
+        torch.stack([index, index * positions + position]),
+        torch.ones(batch, device=rows.device),
+        (batch, batch * positions),
+        is_coalesced=True,  # one entry per row, in row order
+        check_invariants=False,
+    )
+    return rows.addmm_(select, probs.view(batch * positions, vocab))
 
-    p_e need not be sanitised, except for NaN and +inf: the relu zeroes its negative and -inf
-    values, which is what sanitising them first would give.
+
+def sampled_rows_plain(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                       e: torch.Tensor, e_draft: torch.Tensor, use_residual: torch.Tensor,
+                       d_e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row each request samples, (B, V), and its chunk masses (B, K), on any device.
+
+    That row is relu(p_e - q_e) where use_residual and the residual has mass, p_e elsewhere; p_e
+    and q_e are the sanitised rows at e and e_draft, and without draft_probs q_e is one-hot at d_e.
     """
+    p_e = sanitize_rows_(gather_rows(target_probs, e))
     if draft_probs is None:
         # q is one-hot at d_e: the residual is p with d_e removed.
-        rows = p_e.clamp_min(0.0)
+        rows = p_e.clone()
         rows[torch.arange(rows.shape[0], device=rows.device), d_e] *= ~use_residual
-        return rows
-    q_e = sanitize_rows_(gather_rows(draft_probs, e_draft))
-    # p - w * q with w = 1 where the residual is wanted and 0 elsewhere, then the relu (in q_e).
-    return torch.addcmul(p_e, q_e, use_residual[:, None].float(), value=-1.0, out=q_e).clamp_min_(0.0)
+    else:
+        q_e = sanitize_rows_(gather_rows(draft_probs, e_draft))
+        # p - w * q with w = 1 where the residual is wanted and 0 elsewhere, then the relu (in q_e).
+        weight = use_residual[:, None].float()
+        rows = torch.addcmul(p_e, q_e, weight, value=-1.0, out=q_e).clamp_min_(0.0)
+    p_instead = use_residual & (chunk_masses(rows).sum(dim=1) == 0)  # a residual without mass
+    rows = torch.where(p_instead[:, None], p_e, rows)
+    return rows, chunk_masses(rows)
+
+
+def sampled_rows_cpu(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                     e: torch.Tensor, e_draft: torch.Tensor, use_residual: torch.Tensor,
+                     d_e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """sampled_rows_plain's result with fewer passes over the rows, or None when the plain path
+    must run instead: some row mass is NaN or infinite, or some residual has no mass.
+
+    It does not sanitise p_e: the relu zeroes its negative and -inf values, which is what
+    sanitising them first would give, and a NaN or +inf shows as a non-finite row mass. It does not
+    gather p_e either: it gathers -w * q_e (w = 1 where the residual is wanted, 0 elsewhere) and
+    adds p_e's rows to it where they lie. The questions it asks of the data are host reads, cheap on
+    CPU; on a GPU they would be synchronisations (and break CUDA-graph capture).
+    """
+    if draft_probs is None:
+        rows = gather_rows(target_probs, e).clamp_min_(0.0)
+        rows[torch.arange(rows.shape[0], device=rows.device), d_e] *= ~use_residual
+    else:
+        rows = sanitize_rows_(gather_rows(draft_probs, e_draft)).mul_(-use_residual[:, None].float())
+        add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
+    masses = chunk_masses(rows)
+    row_mass = masses.sum(dim=1)  # NaN or inf when any chunk mass is
+    if not bool(row_mass.isfinite().all()) or bool((use_residual & (row_mass == 0)).any()):
+        return None
+    return rows, masses
 
 
 def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
@@ -193,26 +248,14 @@ def chain_speculative_sampling_reference(
     residual_at_e = (e < num_draft) & valid[rows, e_draft]
     d_e = safe_ids[rows, e_draft]
     # The row each request samples ("dist"): the residual relu(p_e - q_e) where a valid draft token
-    # was rejected at e, p_e itself elsewhere. On CPU, p_e is sanitised only when it must be: the
-    # relu already zeroes its negative and -inf values, and a NaN or +inf shows as a non-finite
-    # chunk mass. (On a GPU that question would be a host synchronisation, so p_e is sanitised.)
-    p_e = gather_rows(target_probs, e)  # (B, V): the only target row read
-    if device.type != "cpu":
-        sanitize_(p_e)
-    dist = sampled_rows(p_e, draft_probs, e_draft, residual_at_e, d_e)
-    masses = chunk_masses(dist)
-    row_mass = masses.sum(dim=1)  # NaN or inf when any chunk mass is
-    if device.type == "cpu" and not bool(row_mass.isfinite().all()):
-        sanitize_(p_e)  # it held a NaN or +inf
-        dist = sampled_rows(p_e, draft_probs, e_draft, residual_at_e, d_e)
-        masses = chunk_masses(dist)
-        row_mass = masses.sum(dim=1)
-    # Where the residual has no mass at all the request samples p_e instead. That is rare, so on
-    # CPU (where asking costs nothing) the rows are only swapped when some request needs it.
-    p_instead = residual_at_e & (row_mass == 0)
-    if device.type != "cpu" or bool(p_instead.any()):
-        dist = torch.where(p_instead[:, None], sanitize_rows_(p_e), dist)
-        masses = chunk_masses(dist)
+    # was rejected at e, p_e itself elsewhere, and its chunk masses. On CPU a shortcut forms it with
+    # fewer passes and hands over to the plain path when its checks fail.
+    sampled = None
+    if device.type == "cpu":
+        sampled = sampled_rows_cpu(target_probs, draft_probs, e, e_draft, residual_at_e, d_e)
+    if sampled is None:
+        sampled = sampled_rows_plain(target_probs, draft_probs, e, e_draft, residual_at_e, d_e)
+    dist, masses = sampled
 
     # Exponential race over the chunks, then the inverse CDF inside the winning one. With no mass
     # at all (p_e is zero too) the key is infinite and the token -1.
