@@ -44,7 +44,7 @@ def sanitize_rows_(rows: torch.Tensor) -> torch.Tensor:
     """
     if rows.device.type == "cpu" and rows.numel() > 0:
         low, high = torch.aminmax(rows.view(torch.int32))
-        if bool(low >= 0) and bool(high < _FLOAT32_INF_BITS):
+        if int(low) >= 0 and int(high) < _FLOAT32_INF_BITS:
             return rows
     return sanitize_(rows)
 
@@ -77,23 +77,22 @@ def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(masses, dim=1)
 
 
-def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
-    """The values of chunk ``chunk[b]`` of every row b, zero past the vocabulary: (B, C), C no
-    wider than the vocabulary."""
+def token_in_chunk(rows: torch.Tensor, chunk: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index, inside chunk ``chunk[b]`` of row b, of the token the inverse CDF picks with u[b]: (B,)."""
     batch, vocab = rows.shape
     full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
-    if full and batch:
-        # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole
-        # chunk k of row b is window b * V + k * CHUNK_SIZE.
-        windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
-        start = torch.arange(batch, device=rows.device) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
-        values = windows.index_select(0, start)
-    elif full:
-        values = rows.new_zeros(0, CHUNK_SIZE)
-    if not tail:
-        return values
-    last = torch.nn.functional.pad(rows[:, full * CHUNK_SIZE :], (0, min(CHUNK_SIZE, vocab) - tail))
-    return torch.where((chunk == full)[:, None], last, values) if full else last
+    if tail:  # the partial last chunk, read in place
+        in_last = inverse_cdf(rows[:, full * CHUNK_SIZE :], u)
+        if not full:
+            return in_last
+    if batch == 0:
+        return chunk
+    # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole chunk k
+    # of row b is window b * V + k * CHUNK_SIZE.
+    windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
+    start = torch.arange(batch, device=rows.device) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
+    in_whole = inverse_cdf(windows.index_select(0, start), u)
+    return torch.where(chunk == full, in_last, in_whole) if tail else in_whole
 
 
 def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -173,12 +172,12 @@ def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
 
 
 def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index in each (B, C) chunk of the first value whose float64 prefix sum exceeds u * (the
-    chunk's float64 total).
+    """Index in each row of the (B, C) values of a chunk of the first value whose float64 prefix
+    sum exceeds u * (the row's float64 total).
 
     That value is positive: torch's CPU cumsum adds in order, so the prefix sum never decreases
     and grows only at positive values. A chunk with mass always has such a value, as u < 1; an
-    empty chunk (whose token is discarded) gives C - 1.
+    empty chunk (whose token is discarded) gives the last index, C - 1.
     """
     cdf = values.cumsum(dim=1, dtype=torch.float64)
     threshold = u.double()[:, None] * cdf[:, -1:]
@@ -261,7 +260,7 @@ def chain_speculative_sampling_reference(
     # at all (p_e is zero too) the key is infinite and the token -1.
     chunk, key = race_winner(masses, -torch.log(u_race.double()))
     has_mass = torch.isfinite(key)
-    token = chunk * CHUNK_SIZE + inverse_cdf(chunk_values(dist, chunk), u_cdf)
+    token = chunk * CHUNK_SIZE + token_in_chunk(dist, chunk, u_cdf)
 
     # Step 4: output = accepted prefix, the sampled token at e (-1 without mass), then -1.
     output = torch.full((batch, num_draft + 1), -1, dtype=torch.int32, device=device)

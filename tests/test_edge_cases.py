@@ -267,13 +267,15 @@ def test_non_contiguous_inputs_match_contiguous():
         assert torch.equal(x, y)
 
 
-def test_rows_past_2_31_elements():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # float32: the sparse row add
+def test_rows_past_2_31_elements(dtype):
     """64-bit indexing: the last request's rows start past element 2**31 of the inputs. The inputs
     are allocated but, except for those rows, never written: untouched pages cost no memory, so
-    this runs on a CI machine (~8.6 GB of address space, under 1 GB resident)."""
+    this runs on a CI machine (~8.6 GB of address space in float16, 17 GB in float32, under 1 GB
+    resident)."""
     batch, num_draft, vocab = 1040, 63, 32768
-    target = torch.empty(batch, num_draft + 1, vocab, dtype=torch.float16)
-    draft = torch.empty(batch, num_draft, vocab, dtype=torch.float16)
+    target = torch.empty(batch, num_draft + 1, vocab, dtype=dtype)
+    draft = torch.empty(batch, num_draft, vocab, dtype=dtype)
     last, token = batch - 1, 30001
     assert last * (num_draft + 1) * vocab > 2**31
     # The last request: draft id 5 is certain under p and q at position 0 (accepted whatever the
@@ -285,6 +287,7 @@ def test_rows_past_2_31_elements():
     target[last, 0, 5] = draft[last, 0, 5] = 1.0
     target[last, 1, token] = draft[last, 1, 5] = 1.0
     ids = torch.full((batch, num_draft), 5)
+    ids[:last] = -1  # the other requests sample their (zero) p_0: no empty residual, no fallback
     out, accepted, emitted = specops.chain_speculative_sampling(draft, ids, target, seed=3)
     assert out[last].tolist() == [5, token] + [-1] * (num_draft - 1)
     assert accepted[last] == 1 and emitted[last] == 1
