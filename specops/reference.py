@@ -11,7 +11,9 @@ Sampling from a row r (step 5) uses the launch-independent algorithm the kernel 
     lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
 The row a request samples is formed once: the residual where a valid draft token was rejected at
-e, p_e itself elsewhere.
+e, p_e itself elsewhere. ``sampled_rows_plain`` forms it as SPEC.md states it, on any device; on
+CPU ``sampled_rows_cpu`` forms the same row with fewer passes over memory and hands over to the
+plain path when its checks fail (docs/decisions.md, "Backends").
 Chunk masses are float32 sums (the kernel sums in another order, so a race between two keys within
 ~1e-7 of each other may go the other way there); the in-chunk prefix sums, and the chunk total u is
 scaled by, are float64 over the winning chunk alone, so a token moves only when a uniform lands
@@ -158,7 +160,7 @@ def sampled_rows_cpu(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
         add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
     masses = chunk_masses(rows)
     row_mass = masses.sum(dim=1)  # NaN or inf when any chunk mass is
-    if not bool(row_mass.isfinite().all()) or bool((use_residual & (row_mass == 0)).any()):
+    if bool((~row_mass.isfinite() | (use_residual & (row_mass == 0))).any()):
         return None
     return rows, masses
 
