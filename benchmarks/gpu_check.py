@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 import specops  # noqa: E402
 from benchmark import run_eager  # noqa: E402  (benchmarks/benchmark.py: the one eager baseline)
-from specops.kernels.chain_speculative_sampling import choose_num_splits  # noqa: E402
+from specops.chain.launch import choose_num_splits  # noqa: E402
 
 BATCHES = (1, 16, 64, 256, 1024)
 DRAFTS = (1, 4, 8)

@@ -37,8 +37,8 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from specops.kernels.chain_speculative_sampling import chain_speculative_sampling_triton  # noqa: E402
-from specops.reference import chain_speculative_sampling_reference  # noqa: E402
+from specops.chain.launch import chain_speculative_sampling_triton  # noqa: E402
+from specops.chain.reference import chain_speculative_sampling_reference  # noqa: E402
 
 
 def random_batch(gen, batch, device, vocab_range):

@@ -2,10 +2,12 @@
 
 ``specops.chain_speculative_sampling`` is the FlashInfer-compatible API;
 ``torch.ops.specops.chain_speculative_sampling`` is the registered op it calls.
+Layout: ``core/`` holds what every sampler shares, each sampler has its own package
+(``chain/``); docs/contributing.md has the map.
 """
 
-from .api import chain_speculative_sampling
-from .randomness import CHUNK_SIZE
+from .chain.api import chain_speculative_sampling
+from .core.race import CHUNK_SIZE
 
 __all__ = ["chain_speculative_sampling", "CHUNK_SIZE"]
 __version__ = "0.1.0"

@@ -7,8 +7,8 @@ import torch
 from chi_square import chi2_pvalue  # tests/chi_square.py
 
 import specops
-from specops.kernels.chain_speculative_sampling import chain_speculative_sampling_triton
-from specops.reference import chain_speculative_sampling_reference
+from specops.chain.launch import chain_speculative_sampling_triton
+from specops.chain.reference import chain_speculative_sampling_reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,7 +44,7 @@ def test_opcheck_cuda():
 
 
 def test_default_backend_is_triton_on_cuda(monkeypatch):
-    import specops.kernels.chain_speculative_sampling as module
+    import specops.chain.launch as module
 
     calls = []
     original = module.chain_speculative_sampling_triton

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specops
-from specops.randomness import request_uniforms
+from specops.core.randomness import request_uniforms
 
 OP = torch.ops.specops.chain_speculative_sampling
 
@@ -358,7 +358,7 @@ def test_reference_asks_no_data_questions_off_cpu(with_draft):
     """Off CPU the reference must not read data on the host (a GPU would synchronise, and CUDA-graph
     capture would fail): its CPU-only shortcuts are off there. On the meta device any such read
     raises, so running it there end to end shows there is none."""
-    from specops.reference import chain_speculative_sampling_reference
+    from specops.chain.reference import chain_speculative_sampling_reference
 
     batch, num_draft, vocab = 4, 3, 3000
     meta = dict(device="meta")
@@ -369,52 +369,3 @@ def test_reference_asks_no_data_questions_off_cpu(with_draft):
     seed = offset = torch.empty(batch, dtype=torch.int64, **meta)
     out = chain_speculative_sampling_reference(draft, ids, target, *counters, seed, offset)
     assert out.shape == (batch, num_draft + 1) and out.dtype == torch.int32
-
-
-@pytest.mark.parametrize("with_draft", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("dirt", ["clean", "q_bad", "p_negative", "p_nan", "p_posinf", "no_residual_mass"])
-@pytest.mark.parametrize("expanded", [False, True])
-def test_cpu_shortcut_gives_the_plain_rows(with_draft, dtype, dirt, expanded):
-    """On CPU the reference forms the sampled rows by a shortcut (the draft row gathered and checked,
-    the target row added in place, p_e unchecked) and falls back to the plain, fully sanitising path
-    when a row mass is non-finite or a residual is empty. Where it does not fall back it must give
-    the plain path's rows and chunk masses exactly; where it must fall back, it does."""
-    from specops.reference import sampled_rows_cpu, sampled_rows_plain
-
-    batch, num_draft, vocab = 12, 3, 2500
-    g = torch.Generator().manual_seed(7)
-    target = torch.rand(batch, num_draft + 1, vocab, generator=g)
-    draft = torch.rand(batch, num_draft, vocab, generator=g)
-    e = torch.arange(batch) % (num_draft + 1)  # every position, N (all accepted) included
-    e_draft = e.clamp(max=num_draft - 1)
-    use_residual = (e < num_draft) & (torch.arange(batch) % 5 != 1)  # some drafts ended at e
-    d_e = torch.randint(0, vocab, (batch,), generator=g)
-    rows = torch.arange(batch)
-    if dirt == "q_bad":  # NaN, infinities and negatives in the draft rows the shortcut reads
-        for k, bad in enumerate([float("nan"), float("inf"), -float("inf"), -0.5, -0.0]):
-            draft[rows, e_draft, 100 * k + d_e % 50] = bad
-    elif dirt == "p_negative":  # the relu alone must sanitise these
-        target[rows, e, d_e] = -1.0
-        target[rows, e, (d_e + 7) % vocab] = -float("inf")
-    elif dirt == "p_nan":  # (row 0, which the expanded layout shares)
-        target[0, e[0], 5] = float("nan")
-    elif dirt == "p_posinf":
-        target[0, e[0], 9] = float("inf")
-    elif dirt == "no_residual_mass":  # p_e <= q_e everywhere in row 0
-        draft[0, e_draft[0]] = target[0, e[0]] + 0.25
-    target, draft = target.to(dtype), draft.to(dtype)
-    if expanded:  # rows shared across the batch: a layout the sparse row add cannot view
-        target, draft = target[:1].expand_as(target), draft[:1].expand_as(draft)
-    if not with_draft:
-        draft = None
-
-    plain_rows, plain_masses = sampled_rows_plain(target, draft, e, e_draft, use_residual, d_e)
-    shortcut = sampled_rows_cpu(target, draft, e, e_draft, use_residual, d_e)
-    must_fall_back = dirt in ("p_nan", "p_posinf") or (dirt == "no_residual_mass" and with_draft)
-    if must_fall_back:
-        assert shortcut is None
-    else:
-        assert shortcut is not None
-        assert torch.equal(shortcut[0], plain_rows) and torch.equal(shortcut[1], plain_masses)
-    assert bool(torch.isfinite(plain_rows).all()) and bool((plain_rows >= 0).all())

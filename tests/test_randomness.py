@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specops
-from specops import randomness as R
+from specops.core import randomness as R
 
 MASK = 0xFFFFFFFF
 
@@ -136,10 +136,14 @@ def test_slot_layout_per_request_seeds():
 
 
 def test_slot_helpers():
-    assert R.CHUNK_SIZE == specops.CHUNK_SIZE == 1024
-    assert [R.num_chunks(v) for v in (1, 1024, 1025, 50000)] == [1, 1, 2, 49]
-    assert R.cdf_slot(4) == 4
-    assert R.race_slot(4, 0) == 5 and R.race_slot(4, 7) == 12
+    from specops.chain import slots
+    from specops.core import race
+
+    assert race.CHUNK_SIZE == specops.CHUNK_SIZE == 1024
+    assert [race.num_chunks(v) for v in (1, 1024, 1025, 50000)] == [1, 1, 2, 49]
+    assert slots.cdf_slot(4) == 4
+    assert slots.race_slot(4, 0) == 5 and slots.race_slot(4, 7) == 12
+    assert slots.num_slots(4, 1025) == 7
 
 
 def test_wrapper_seed_int_forms():

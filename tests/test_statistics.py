@@ -16,7 +16,7 @@ import torch
 from chi_square import chi2_pvalue, normal_pvalue  # tests/chi_square.py
 
 import specops
-import specops.reference
+import specops.chain.reference
 
 P_THRESHOLD = 1e-4
 
@@ -265,7 +265,7 @@ def test_large_vocab_one_hot_drafts():
 
 def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
     num_draft = 3
-    real = specops.reference.request_uniforms
+    real = specops.chain.reference.request_uniforms
 
     def biased_uniforms(seed, offset, batch_size, num_slots):
         u = real(seed, offset, batch_size, num_slots).clone()
@@ -273,7 +273,7 @@ def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
         return u
 
     # The reference looks the function up at call time, so patching its module global works.
-    monkeypatch.setattr(specops.reference, "request_uniforms", biased_uniforms)
+    monkeypatch.setattr(specops.chain.reference, "request_uniforms", biased_uniforms)
     biased = lossless_pvalues(seed=0, num_draft=num_draft)
     monkeypatch.undo()
     honest = lossless_pvalues(seed=0, num_draft=num_draft)

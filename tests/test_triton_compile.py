@@ -53,7 +53,7 @@ import json, os, re, subprocess, sys, inspect
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
-from specops.kernels.chain_speculative_sampling import (
+from specops.chain.launch import (
     LAUNCH_OPTIONS, COMBINE_LAUNCH_OPTIONS, MAX_SPLITS, chain_speculative_sampling_kernel as KERNEL,
     chain_speculative_sampling_combine_kernel as COMBINE)
 

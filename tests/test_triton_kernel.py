@@ -13,11 +13,11 @@ import torch
 from chi_square import chi2_pvalue  # tests/chi_square.py
 
 import specops
-from specops.kernels.chain_speculative_sampling import (
+from specops.chain.launch import (
     chain_speculative_sampling_triton,
     choose_num_splits,
 )
-from specops.reference import chain_speculative_sampling_reference
+from specops.chain.reference import chain_speculative_sampling_reference
 
 if not torch.cuda.is_available():
     DEVICE = "cpu"  # conftest.py has set TRITON_INTERPRET=1
@@ -192,7 +192,7 @@ def test_op_routes_through_triton(monkeypatch):
 
 def test_op_triton_backend_is_called(monkeypatch):
     # Guard against the op silently taking the reference path.
-    import specops.kernels.chain_speculative_sampling as module
+    import specops.chain.launch as module
 
     calls = []
     original = module.chain_speculative_sampling_triton

@@ -1,4 +1,4 @@
-"""Triton twin of ``specops/randomness.py``: Philox4x32-10 and the uint32 -> uniform map.
+"""Triton twin of ``randomness.py`` (beside this file): Philox4x32-10 and the uint32 -> uniform map.
 
 Must give the same bits as the torch reference for every (seed, offset, stream, slot), on the GPU
 and under ``TRITON_INTERPRET=1``.  All arithmetic is on uint32, so multiplies and key additions wrap
@@ -8,7 +8,7 @@ modulo 2**32 exactly as in the reference's masked int64 arithmetic.
 import triton
 import triton.language as tl
 
-from .. import randomness
+from . import randomness
 
 # The contract's constants (ints in [2**31, 2**32) become uint32 constants in Triton; globals a
 # kernel reads must be tl.constexpr instances).

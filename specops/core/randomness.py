@@ -1,31 +1,15 @@
-"""The randomness contract: counter-based Philox4x32-10 and the slot layout of a request.
+"""The randomness contract shared by every sampler: counter-based Philox4x32-10.
 
-Every random number the sampler uses is a pure function of (seed, offset, stream, slot), so the
-pure-torch reference, the Triton kernel under ``TRITON_INTERPRET=1`` and the Triton kernel on a GPU
-draw the same numbers bit for bit, whatever the launch configuration.  ``docs/randomness.md``
-describes the layout; ``specops/kernels/philox.py`` is the Triton twin of this file.
-
-Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
-    key     = (seed low 32 bits, seed high 32 bits)
-    counter = (slot, stream, offset low 32 bits, offset high 32 bits)
-and the first of the four output words becomes one uniform.
-
-Slots of one request (N draft positions, K = ceil(V / CHUNK_SIZE) vocabulary chunks):
-    slot j,          j < N : the acceptance coin of draft position j
-    slot N                 : the inverse-CDF uniform inside the winning chunk
-    slot N + 1 + k,  k < K : the exponential-race uniform of chunk k
-
-stream = the request's batch row when one seed serves the whole batch, 0 when every request has
-its own seed (so a request's tokens then depend only on its own inputs, seed and offset).
+Every random number a sampler uses is a pure function of (seed, offset, stream, slot), so the
+pure-torch code, the Triton kernel under ``TRITON_INTERPRET=1`` and the Triton kernel on a GPU draw
+the same numbers bit for bit, whatever the launch configuration.  ``docs/randomness.md`` states the
+contract; ``philox.py`` beside this file is its Triton twin; each sampler documents which slot
+each of its random numbers uses.
 """
 
 from __future__ import annotations
 
 import torch
-
-# Vocabulary chunk of the exponential race. Part of the contract: changing it changes which
-# uniform each token sees, so every fixed-seed output would change.
-CHUNK_SIZE = 1024
 
 PHILOX_ROUNDS = 10
 PHILOX_M0 = 0xD2511F53
@@ -34,18 +18,6 @@ PHILOX_W0 = 0x9E3779B9  # golden ratio
 PHILOX_W1 = 0xBB67AE85  # sqrt(3) - 1
 
 _MASK32 = 0xFFFFFFFF
-
-
-def num_chunks(vocab_size: int) -> int:
-    return (vocab_size + CHUNK_SIZE - 1) // CHUNK_SIZE
-
-
-def cdf_slot(num_draft: int) -> int:
-    return num_draft
-
-
-def race_slot(num_draft: int, chunk: int) -> int:
-    return num_draft + 1 + chunk
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]):
@@ -92,7 +64,9 @@ def split64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int):
     """The first ``num_slots`` uniforms of every request: a float32 (batch_size, num_slots) tensor.
 
-    seed, offset: int64 tensors of 1 or batch_size elements.
+    seed, offset: int64 tensors of 1 or batch_size elements. The Philox key is the seed; the
+    counter is (slot, stream, offset), where stream is the request's batch row when one seed serves
+    the whole batch and 0 when every request has its own seed (batch invariance).
     """
     device = seed.device
     per_request_seed = seed.numel() != 1

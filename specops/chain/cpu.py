@@ -1,0 +1,138 @@
+"""The CPU backend of chain speculative sampling: the reference's steps with a faster step 5.
+
+Same tokens as ``reference.py`` (tests/test_chain_cpu.py checks the rows and the tokens against it).
+On CPU a question about the data costs no host synchronisation, so this path asks them to skip
+work: it forms each request's sampled row with fewer passes over memory, and hands over to the
+reference's plain step 5 whenever a check fails (docs/decisions.md, "Backends").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
+from . import reference, slots
+
+_FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits; every larger value is a NaN
+
+
+def is_clean(rows: torch.Tensor) -> bool:
+    """True when every float32 value is finite and >= 0 (and not -0.0), from one pass over the bits.
+
+    The bit patterns of finite non-negative float32 values are exactly the int32 values in
+    [0, 0x7F800000): NaN, infinities and every negative number fall outside.
+    """
+    if rows.numel() == 0:
+        return True
+    low, high = torch.aminmax(rows.view(torch.int32))
+    return int(low) >= 0 and int(high) < _FLOAT32_INF_BITS
+
+
+def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Float32 copy of row probs[b, position[b]] for every b: (B, M, V) -> (B, V), one read."""
+    batch, positions, vocab = probs.shape
+    if probs.stride(0) != positions * probs.stride(1):  # e.g. expand()ed over the batch
+        return reference.rows_at(probs, position).float()
+    flat_row = torch.arange(batch, device=probs.device) * positions + position
+    return probs.reshape(batch * positions, vocab).index_select(0, flat_row).float()
+
+
+def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """rows[b] += probs[b, position[b]] for every b, in place; rows is float32 (B, V)."""
+    batch, positions, vocab = probs.shape
+    if probs.dtype != torch.float32 or batch == 0 or probs.stride(0) != positions * probs.stride(1):
+        return rows.add_(gather_rows(probs, position))
+    # A sparse (B, B*M) matrix with one 1 per row, at column b*M + position[b], selects the rows:
+    # addmm_ adds them where they lie, without first copying them out as a gather does.
+    index = torch.arange(batch, device=rows.device)
+    select = torch.sparse_coo_tensor(
+        torch.stack([index, index * positions + position]),
+        torch.ones(batch, device=rows.device),
+        (batch, batch * positions),
+        is_coalesced=True,  # one entry per row, in row order
+        check_invariants=False,
+    )
+    return rows.addmm_(select, probs.view(batch * positions, vocab))
+
+
+def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
+    """(rows, chunk masses) as ``reference.sampled_rows`` forms them, or None when that plain path
+    must run instead: some row mass is NaN or infinite, or some residual has no mass.
+
+    p_e is neither sanitised nor gathered: the relu of p_e - w q_e (w = 1 where the residual is
+    wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN or +inf shows as a non-finite
+    row mass, and p_e's rows are added to -w q_e where they lie.
+    """
+    e, use_residual = verdict.e, verdict.residual_at_e
+    if draft_probs is None:
+        rows = gather_rows(target_probs, e).clamp_min_(0.0)
+        rows[torch.arange(rows.shape[0]), verdict.d_e] *= ~use_residual
+    else:
+        rows = gather_rows(draft_probs, e.clamp(max=draft_probs.shape[1] - 1))
+        if not is_clean(rows):
+            rows = reference.sanitize(rows)
+        rows.mul_(-use_residual[:, None].float())
+        add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
+    masses = chunk_masses(rows)
+    row_mass = masses.sum(dim=1)  # NaN or inf when any chunk mass is
+    if bool((~row_mass.isfinite() | (use_residual & (row_mass == 0))).any()):
+        return None
+    return rows, masses
+
+
+def token_in_chunk(rows: torch.Tensor, chunk: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``inverse_cdf`` inside chunk ``chunk[b]`` of row b, read in place (no padded copy): (B,)."""
+    batch, vocab = rows.shape
+    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
+    if tail:
+        in_last = inverse_cdf(rows[:, full * CHUNK_SIZE :], u)
+        if not full:
+            return in_last
+    if batch == 0:
+        return chunk
+    # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole chunk k
+    # of row b is window b * V + k * CHUNK_SIZE.
+    windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
+    start = torch.arange(batch) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
+    in_whole = inverse_cdf(windows.index_select(0, start), u)
+    return torch.where(chunk == full, in_last, in_whole) if tail else in_whole
+
+
+def in_inference_mode(function):
+    """Run ``function`` in inference mode, which spares each of its operations autograd's
+    bookkeeping, and clone its result out (an inference tensor refuses in-place updates outside)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode():
+            result = function(*args, **kwargs)
+        return result.clone()
+
+    return wrapper
+
+
+@in_inference_mode
+def chain_speculative_sampling_cpu(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+) -> torch.Tensor:
+    """``reference.chain_speculative_sampling_reference`` for CPU tensors, faster."""
+    verdict = reference.verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)
+    sampled = sampled_rows_fast(draft_probs, target_probs, verdict)
+    if sampled is None:
+        rows = reference.sampled_rows(draft_probs, target_probs, verdict)
+        sampled = rows, chunk_masses(rows)
+    rows, masses = sampled
+    num_draft = draft_token_ids.shape[1]
+    u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
+    chunk, key = race_winner(masses, -torch.log(u_race.double()))
+    token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, verdict.uniforms[:, slots.cdf_slot(num_draft)])
+    token = torch.where(torch.isfinite(key), token, -1)
+    return reference.write_outputs(verdict, token, accepted_num, emitted_num)

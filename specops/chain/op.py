@@ -1,0 +1,21 @@
+"""``torch.ops.specops.chain_speculative_sampling``: token verification, registered as a torch op."""
+
+from __future__ import annotations
+
+from ..core.registry import register_verifier
+from .cpu import chain_speculative_sampling_cpu
+from .reference import chain_speculative_sampling_reference
+
+
+def _triton():
+    from .launch import chain_speculative_sampling_triton
+
+    return chain_speculative_sampling_triton
+
+
+chain_speculative_sampling_op = register_verifier(
+    "specops::chain_speculative_sampling",
+    reference=chain_speculative_sampling_reference,
+    cpu=chain_speculative_sampling_cpu,
+    triton=_triton,
+)

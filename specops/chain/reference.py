@@ -1,0 +1,124 @@
+"""Chain speculative sampling with token verification: the plain reference.
+
+docs/semantics.md written in torch, step for step, vectorised over the batch and nothing more: it is
+the oracle every backend is tested against. ``cpu.py`` beside it is the fast CPU backend; ``kernel.py``
+the Triton kernel. The steps are separate functions so that the CPU backend can reuse them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..core.race import num_chunks, sample_rows
+from ..core.randomness import request_uniforms
+from . import slots
+
+
+def sanitize(probs: torch.Tensor) -> torch.Tensor:
+    """Float32 copy in which NaN, +-inf and negative probabilities count as 0 (step 3)."""
+    probs = probs.float()
+    return torch.where(torch.isfinite(probs) & (probs > 0), probs, 0.0)
+
+
+def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """probs[b, j, ids[b, j]] for every b and every draft position j: (B, N)."""
+    return probs[:, : ids.shape[1]].gather(2, ids[:, :, None]).squeeze(2)
+
+
+def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Row probs[b, position[b]] of every request b: (B, M, V) -> (B, V)."""
+    return probs[torch.arange(probs.shape[0], device=probs.device), position]
+
+
+class Verdict(NamedTuple):
+    """What steps 1-4 decide for each request; every field has B rows."""
+
+    ids: torch.Tensor  # (B, N) int64 draft ids as given
+    accepted: torch.Tensor  # (B, N) bool: position j accepted by its own coin (step 3)
+    e: torch.Tensor  # (B,) the first position not accepted, N when all are (step 4)
+    residual_at_e: torch.Tensor  # (B,) bool: a valid draft token was rejected at e (step 5)
+    d_e: torch.Tensor  # (B,) the draft token at e, clamped into [0, V) (meaningful where residual)
+    uniforms: torch.Tensor  # (B, slots) every uniform of the request (docs/randomness.md)
+
+
+def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Verdict:
+    """Steps 1-4: coins, draft length, acceptance of each position, and e."""
+    batch, num_draft = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    device = target_probs.device
+    uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
+    coins = uniforms[:, :num_draft]  # step 1
+
+    # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
+    ids = draft_token_ids.long()
+    valid = (ids >= 0) & (ids < vocab)
+    safe_ids = ids.clamp(0, vocab - 1)
+
+    # Step 3: one coin per position, judged on p_j[d_j] and q_j[d_j] alone.
+    p_draft = sanitize(at_draft_ids(target_probs, safe_ids))
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        q_draft = sanitize(at_draft_ids(draft_probs, safe_ids))
+    accepted = valid & (coins * q_draft < p_draft)
+
+    # Step 4: e = the first position not accepted (N when all are).
+    position = torch.arange(num_draft, device=device)
+    e = torch.where(accepted, num_draft, position).amin(dim=1)
+
+    rows = torch.arange(batch, device=device)
+    e_draft = e.clamp(max=num_draft - 1)
+    residual_at_e = (e < num_draft) & valid[rows, e_draft]
+    return Verdict(ids, accepted, e, residual_at_e, safe_ids[rows, e_draft], uniforms)
+
+
+def sampled_rows(draft_probs, target_probs, verdict: Verdict) -> torch.Tensor:
+    """Step 5: the row each request samples, (B, V) float32.
+
+    relu(p_e - q_e) where a valid draft token was rejected at e and that residual has mass; p_e
+    elsewhere (the bonus token, a draft that ended at e, or a residual without mass).
+    """
+    e, use_residual = verdict.e, verdict.residual_at_e
+    p_e = sanitize(rows_at(target_probs, e))
+    if draft_probs is None:  # q_e is one-hot at d_e: the residual is p_e with d_e removed
+        at_d_e = torch.nn.functional.one_hot(verdict.d_e, p_e.shape[1]).bool()
+        residual = p_e.masked_fill(at_d_e, 0.0)
+    else:
+        q_e = sanitize(rows_at(draft_probs, e.clamp(max=draft_probs.shape[1] - 1)))
+        residual = (p_e - q_e).clamp_min(0.0)
+    use_residual = use_residual & (residual.sum(dim=1) > 0)
+    return torch.where(use_residual[:, None], residual, p_e)
+
+
+def write_outputs(verdict: Verdict, token: torch.Tensor, accepted_num, emitted_num) -> torch.Tensor:
+    """Steps 4 and 6: the output row and the counters (added in place, in their own dtype)."""
+    batch, num_draft = verdict.ids.shape
+    e = verdict.e
+    position = torch.arange(num_draft + 1, device=e.device)
+    ids = torch.nn.functional.pad(verdict.ids, (0, 1), value=-1)
+    output = torch.where(position < e[:, None], ids, -1)
+    output = torch.where(position == e[:, None], token[:, None], output).to(torch.int32)
+    accepted_num.add_(verdict.accepted.sum(dim=1).to(accepted_num.dtype))
+    emitted_num.add_(e.to(emitted_num.dtype))
+    return output
+
+
+def chain_speculative_sampling_reference(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+) -> torch.Tensor:
+    """Returns output_token_ids (B, N+1) int32 and adds to accepted_num / emitted_num in place."""
+    verdict = verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)
+    rows = sampled_rows(draft_probs, target_probs, verdict)
+    num_draft = draft_token_ids.shape[1]
+    u_cdf = verdict.uniforms[:, slots.cdf_slot(num_draft)]
+    u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
+    token = sample_rows(rows, u_race, u_cdf)  # -1 when p_e has no mass either
+    return write_outputs(verdict, token, accepted_num, emitted_num)

@@ -1,0 +1,73 @@
+"""Sampling one token from a row of weights by a chunked exponential race (pure torch, plain).
+
+The rule every sampler of specops uses to draw from a (not necessarily normalised) row r, on every
+backend (docs/algorithm.md explains why it is exact and launch-independent):
+  * split the vocabulary into chunks of CHUNK_SIZE tokens; chunk k has mass w_k = sum(r[chunk k]);
+  * chunk k wins an exponential race with key -log(u_k) / w_k (the smallest key wins, ties go to
+    the lower chunk), which picks chunk k with probability w_k / sum(w);
+  * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
+Chunk masses are float32 sums; race keys and the in-chunk prefix sums are float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Part of the contract: changing it changes which uniform each token sees, so every fixed-seed
+# output would change.
+CHUNK_SIZE = 1024
+
+
+def num_chunks(vocab_size: int) -> int:
+    return (vocab_size + CHUNK_SIZE - 1) // CHUNK_SIZE
+
+
+def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
+    """Float32 mass of every CHUNK_SIZE-token chunk of each row: (B, V) -> (B, K)."""
+    batch, vocab = rows.shape
+    full = vocab // CHUNK_SIZE
+    masses = [rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1)]
+    if vocab % CHUNK_SIZE:
+        masses.append(rows[:, full * CHUNK_SIZE :].sum(-1, keepdim=True))
+    return torch.cat(masses, dim=1)
+
+
+def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
+    """Exponential race over chunks, given -log(u_k) per chunk: (winning chunk, winning key); the
+    key is inf when all masses are 0."""
+    keys = exponentials / masses.double()  # mass 0 -> +inf: never wins
+    key, chunk = keys.min(dim=1)  # min returns the first (lowest) chunk among ties
+    return chunk, key
+
+
+def inverse_cdf(values: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index in each row of the (B, C) values of a chunk of the first value whose float64 prefix
+    sum exceeds u * (the row's float64 total).
+
+    That value is positive: the in-order prefix sum never decreases and grows only at positive
+    values. A chunk with mass always has such a value, as u < 1; an empty chunk (whose token is
+    discarded) gives the last index, C - 1.
+    """
+    cdf = values.cumsum(dim=1, dtype=torch.float64)
+    threshold = u.double()[:, None] * cdf[:, -1:]
+    first = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # first cdf > threshold
+    return first.clamp(max=values.shape[1] - 1)
+
+
+def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    """The CHUNK_SIZE values of chunk ``chunk[b]`` of row b, zero past the vocabulary: (B, C)."""
+    batch, vocab = rows.shape
+    chunks_per_row = num_chunks(vocab)
+    padded = torch.nn.functional.pad(rows, (0, chunks_per_row * CHUNK_SIZE - vocab))
+    chunks = padded.view(batch, chunks_per_row, CHUNK_SIZE)
+    return chunks[torch.arange(batch, device=rows.device), chunk]
+
+
+def sample_rows(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -> torch.Tensor:
+    """One token per row of the (B, V) weights: int64 (B,), -1 where a row has no positive mass.
+
+    u_race: (B, K) uniforms, one per chunk; u_cdf: (B,) the inverse-CDF uniform.
+    """
+    chunk, key = race_winner(chunk_masses(rows), -torch.log(u_race.double()))
+    token = chunk * CHUNK_SIZE + inverse_cdf(chunk_values(rows, chunk), u_cdf)
+    return torch.where(torch.isfinite(key), token, -1)

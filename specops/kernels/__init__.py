@@ -1,1 +1,0 @@
-"""Triton kernels of specops (imported lazily by ``specops.op``: importing triton is not free)."""
