@@ -1,23 +1,23 @@
-"""End-to-end speculative decoding with specops: ``python -m specops.demo``.
+"""End-to-end speculative decoding with specops: python -m specops.demo
 
-Builds two character-level n-gram models from the text shipped in ``specops/data/corpus.txt``: a
+Builds two character-level n-gram models from the text shipped in specops/data/corpus.txt: a
 target (order 4, backed off to lower orders) and a weaker draft (order 3 by default). It decodes a
-batch of sequences two ways, each step inside ``torch.compile`` (and a CUDA graph on a GPU):
+batch of sequences two ways (each step compiled and captured in a CUDA graph on a GPU; eager on a
+CPU, where compiling these small steps makes them slower):
 
 * speculative: the draft proposes N characters, the target scores all N + 1 positions in one call,
-  and ``specops.chain_speculative_sampling`` decides what to keep;
+  and specops.chain_speculative_sampling decides what to keep;
 * target-only: one target call per character.
 
-It prints the acceptance rate, characters per target call, the throughput of both loops, and a
-measured check of the lossless guarantee: the characters the speculative loop generated must follow
-the target model's conditional distributions as well as target-only samples do (pooled chi-square
-over contexts), while draft-only samples (a control) must fail the same test.
+It prints characters per target call (the gain of speculative decoding, whatever a target call
+costs) and a measured check of the lossless guarantee: the characters the speculative loop
+generated must follow the target model's conditional distributions as target-only samples do,
+while draft-only samples (a control) must fail the same test. Then the time both loops took here.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ import torch
 
 import specops
 from specops.progress import Progress
+from specops.stats import chi2_pvalue
 
 CORPUS = Path(__file__).with_name("data") / "corpus.txt"
 TARGET_ORDER = 4  # the target looks at the last 3 characters
@@ -234,48 +235,38 @@ def decode(run, decoder: Decoder, label: str, check_every: int) -> tuple[float, 
 # ----------------------------------------------------------------------------- lossless check
 @dataclass
 class FitResult:
-    tokens: int
-    contexts: int
-    chi2: float
-    dof: int
+    characters: int
     p_value: float
-    mean_tv: float
+    bin_shares: list[float]  # fraction of the characters in each of the BINS bins
 
 
-def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, min_count: int) -> FitResult:
-    """Pooled Pearson chi-square of generated characters against the target's conditionals.
+BINS = 10
 
-    Given its 3-character context, every generated character (columns ``start`` on of the CPU
-    tensor ``seq``) should be an independent draw from the target's row for that context. Contexts
-    seen at least ``min_count`` times are tested; in each, characters expected fewer than 5 times
-    are pooled into one bin. Returns the statistic, its p-value and the count-weighted mean total
-    variation distance between empirical and target rows (which shrinks with more samples).
+
+def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, seed: int) -> FitResult:
+    """Do the generated characters follow the target's conditionals? (probability integral transform)
+
+    Each generated character x (columns ``start`` on of the CPU tensor ``seq``) is placed within the
+    target's row for its 3-character context, characters ordered from most to least likely:
+    u = P(the characters more likely than x) + U * P(x), with U uniform on (0, 1). When every
+    character is a draw from its row, every u is uniform on (0, 1) and independent of the u before
+    it, so the u of all characters, whatever their contexts, fall evenly into BINS equal bins: the
+    p-value is the chi-square test of that. A sampler that leaks the draft's preferences puts too
+    many characters where the target puts little mass (u near 1).
     """
     v = models.vocab
     # (3-character context, next character) of every generated character, as one base-V number.
-    pairs = window_index(seq, v, TARGET_ORDER)[:, start - CONTEXT :]
-    observed = torch.bincount(pairs.reshape(-1), minlength=v**TARGET_ORDER).view(-1, v).double()
-    totals = observed.sum(1)
-    chi2, dof, tv_sum, tested = 0.0, 0, 0.0, 0
-    for ctx in torch.nonzero(totals >= min_count).flatten().tolist():
-        n = totals[ctx]
-        expected = n * models.target[ctx].double()
-        big = expected >= 5
-        obs_bins = torch.cat([observed[ctx][big], observed[ctx][~big].sum().reshape(1)])
-        exp_bins = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-        if exp_bins[-1] < 5 and len(exp_bins) > 2:  # too small to stand alone: merge it
-            obs_bins = torch.cat([obs_bins[:-2], obs_bins[-2:].sum().reshape(1)])
-            exp_bins = torch.cat([exp_bins[:-2], exp_bins[-2:].sum().reshape(1)])
-        if len(exp_bins) < 2:
-            continue
-        chi2 += float(((obs_bins - exp_bins) ** 2 / exp_bins).sum())
-        dof += len(exp_bins) - 1
-        tv_sum += 0.5 * float((observed[ctx] / n - models.target[ctx].double()).abs().sum()) * float(n)
-        tested += int(n)
-    # Upper tail of the chi-square distribution: Q(dof / 2, chi2 / 2).
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(chi2 / 2))) if dof else math.nan
-    contexts = int((totals >= min_count).sum())
-    return FitResult(int(totals.sum()), contexts, chi2, dof, p_value, tv_sum / max(tested, 1))
+    pairs = window_index(seq, v, TARGET_ORDER)[:, start - CONTEXT :].reshape(-1)
+    rows = models.target.double()[pairs // v]  # (characters, V)
+    x = (pairs % v)[:, None]
+    p_x = rows.gather(1, x)
+    token = torch.arange(v)[None, :]
+    more_likely = (rows > p_x) | ((rows == p_x) & (token < x))  # ties: the lower id first
+    u = (rows * more_likely).sum(1) + torch.rand(len(pairs), generator=torch.Generator().manual_seed(seed),
+                                                 dtype=torch.float64) * p_x[:, 0]
+    counts = torch.bincount((u * BINS).long().clamp(0, BINS - 1), minlength=BINS)
+    return FitResult(len(pairs), chi2_pvalue(counts, torch.ones(BINS)),
+                     (counts / max(len(pairs), 1)).tolist())
 
 
 def draft_only_samples(models: NgramModels, prompts: torch.Tensor, length: int) -> torch.Tensor:
@@ -288,34 +279,66 @@ def draft_only_samples(models: NgramModels, prompts: torch.Tensor, length: int) 
 
 
 # ----------------------------------------------------------------------------- main
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def device_arg(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise argparse.ArgumentTypeError(f"CUDA is not available ({why}); use --device cpu")
+    return device
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specops.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--draft-len", type=int, default=4, help="draft tokens per step, N (default 4)")
-    parser.add_argument("--batch-size", type=int, default=128, help="sequences decoded together")
-    parser.add_argument("--length", type=int, default=512, help="characters generated per sequence")
+    parser = argparse.ArgumentParser(
+        prog="python -m specops.demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Speculative decoding of a batch of text with specops.chain_speculative_sampling: "
+                    "characters per target call, a measured check that the output follows the target "
+                    "model, and the time both decode loops take.")
+    parser.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda")
+    parser.add_argument("--draft-len", type=at_least_one, default=4, help="draft characters per step, N")
+    parser.add_argument("--batch-size", type=at_least_one, default=128, help="sequences decoded together")
+    parser.add_argument("--length", type=at_least_one, default=512, help="characters generated per sequence")
     parser.add_argument("--draft-order", type=int, default=3, choices=(1, 2, 3),
-                        help="n-gram order of the draft model (default 3; the target's is 4)")
+                        help="n-gram order of the draft model (the target's is 4)")
     parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed for the whole run")
-    parser.add_argument("--no-compile", action="store_true", help="run the steps eagerly")
-    parser.add_argument("--compile-backend", default=None,
-                        help="torch.compile backend (default: inductor on cuda, aot_eager on cpu, "
-                             "where inductor's C++ build takes longer than the demo itself)")
-    args = parser.parse_args(argv)
-    if args.draft_len < 1 or args.batch_size < 1 or args.length < 1:
-        parser.error("--draft-len, --batch-size and --length must be at least 1")
-    return args
+    parser.add_argument("--compile-backend", default="auto",
+                        help="torch.compile backend for the decode steps (e.g. inductor, aot_eager); auto: "
+                             "inductor plus a CUDA graph on cuda, no compiling on cpu, where compiled "
+                             "steps this small run slower than eager ones")
+    parser.add_argument("--no-compile", action="store_true", help="run the steps eagerly on any device")
+    return parser.parse_args(argv)
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = args.device
     torch.manual_seed(args.seed)
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny tensors: threads cost more than they give, worse on a busy CPU
-    backend = None if args.no_compile else (
-        args.compile_backend or ("inductor" if device.type == "cuda" else "aot_eager"))
+    backend = args.compile_backend
+    if args.no_compile or (backend == "auto" and device.type == "cpu"):
+        backend = None
+    elif backend == "auto":
+        backend = "inductor"
 
     start = time.perf_counter()
     text = CORPUS.read_text()
@@ -325,74 +348,83 @@ def main(argv=None) -> dict:
     print(f"models: order-4 target and order-{args.draft_order} draft over {models.vocab} characters, "
           f"built from {len(text):,} characters of {CORPUS.name} in {time.perf_counter() - start:.2f}s")
 
-    # Prompts: 8-character snippets of the corpus at random places.
-    starts = torch.randint(0, len(text) - 8, (args.batch_size,)).tolist()
-    prompts = torch.tensor([models.encode(text[s : s + 8]) for s in starts], device=device)
+    # Prompts: snippets of the corpus at random places.
+    prompt_len = 8
+    starts = torch.randint(0, len(text) - prompt_len, (args.batch_size,)).tolist()
+    prompts = torch.tensor([models.encode(text[s : s + prompt_len]) for s in starts], device=device)
     decoder = Decoder(models, prompts, args.length, args.draft_len)
     check_every = 8 if device.type == "cuda" else 1
 
-    spec_run, spec_compile_s = make_runner(decoder.speculative_step, decoder, device, backend)
+    spec_run, spec_setup_s = make_runner(decoder.speculative_step, decoder, device, backend)
     spec_s, spec_steps = decode(spec_run, decoder, "speculative", check_every)
     spec_tokens = decoder.tokens[:, : decoder.end].clone()
     spec_calls = int(decoder.calls.sum())
     accepted, emitted = int(decoder.accepted.sum()), int(decoder.emitted.sum())
 
-    target_run, target_compile_s = make_runner(decoder.target_step, decoder, device, backend)
+    target_run, target_setup_s = make_runner(decoder.target_step, decoder, device, backend)
     target_s, target_steps = decode(target_run, decoder, "target-only", check_every)
     target_tokens = decoder.tokens[:, : decoder.end].clone()
 
+    # The lossless check, on the CPU.
+    cpu_models = models.to("cpu")
+    control = draft_only_samples(cpu_models, prompts.cpu(), args.length)
+    results = {name: fit_to_target(cpu_models, seq.cpu(), prompt_len, args.seed)
+               for name, seq in (("speculative (specops)", spec_tokens), ("target-only", target_tokens),
+                                 ("draft-only (control)", control))}
+    spec, ctrl = results["speculative (specops)"], results["draft-only (control)"]
+    lossless = spec.p_value > 1e-3 and ctrl.p_value < 1e-3
+    if not ctrl.p_value < 1e-3:
+        verdict = ("TOO FEW CHARACTERS to tell the draft-only control from the target; "
+                   "raise --batch-size or --length")
+    elif lossless:
+        verdict = "PASS: the speculative output follows the target model; the draft-only control does not"
+    else:
+        verdict = "FAIL: the speculative output deviates from the target model"
+
     generated = args.batch_size * args.length
-    judged = spec_steps * args.batch_size * args.draft_len  # every row is judged at every step
-    acceptance = accepted / judged
     per_call = generated / spec_calls  # a finished sequence's steps do not count against it
+    judged = spec_steps * args.batch_size * args.draft_len  # every row is judged at every step
+    kept_per_step = emitted / (spec_steps * args.batch_size)
+    passed = accepted / judged
+    prompt = models.decode(spec_tokens[0, :prompt_len].tolist())
+    continuation = models.decode(spec_tokens[0, prompt_len : prompt_len + 72].tolist())
+    print(f"\nsample, prompt + generated: {prompt!r} + {continuation!r}")
+    print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
+          f"N = {args.draft_len} draft characters per step")
+    print(f"  characters per target call   {per_call:.2f}  (target-only: 1)")
+    print(f"  lossless check               {verdict}")
+    print(f"  drafts kept per step         {kept_per_step:.2f} of {args.draft_len}  "
+          f"(the accepted prefix; each step adds one more character)")
+    print(f"  drafts accepted by own coin  {passed:.1%}  (every position judged alone, also after a "
+          f"rejection:\n{'':32s}the op's accepted counter over all drafts judged)")
+    print(f"\nlossless check: where each generated character falls in the target's distribution for "
+          f"its context\n(most likely characters first), in {BINS} bins that hold {1 / BINS:.0%} each "
+          f"when the characters follow the target")
+    print(f"  {'sampler':22s} {'characters':>10s} {'p-value':>8s}  share of each bin")
+    for name, r in results.items():
+        shares = " ".join(f"{100 * s:3.0f}" for s in r.bin_shares)
+        print(f"  {name:22s} {r.characters:10,d} {r.p_value:8.4f}  {shares}")
+    print("  (chi-square test of even bins; PASS needs p > 0.001 for specops and p < 0.001 for the control)")
+
     spec_step_s, target_step_s = spec_s / spec_steps, target_s / target_steps
-    print(f"\nsample: {models.decode(spec_tokens[0, : 80].tolist())!r}")
-    print(f"\n{args.batch_size} sequences x {args.length} characters, draft length N = {args.draft_len}")
-    print(f"  acceptance rate          {acceptance:.3f} of draft positions (each judged by its own coin)")
-    print(f"  characters / target call {per_call:.2f} (target-only: 1); "
-          f"{emitted / judged * args.draft_len:.2f} drafts kept per step")
-    print(f"  speculative              {generated / spec_s:10,.0f} characters/s, {spec_steps} steps of "
-          f"{spec_step_s * 1e3:.2f} ms (compile and warm-up {spec_compile_s:.1f}s)")
-    print(f"  target-only              {generated / target_s:10,.0f} characters/s, {target_steps} steps of "
-          f"{target_step_s * 1e3:.2f} ms (compile and warm-up {target_compile_s:.1f}s)")
-    print(f"  speed-up                 {target_s / spec_s:.3g}x")
+    setup = "compile and warm-up" if backend else "warm-up"
+    print(f"\ntime on this {device.type}, where a target call (an n-gram table look-up) costs next to nothing:")
+    print(f"  speculative   {plural(spec_steps, 'step'):>12s} of {spec_step_s * 1e3:6.2f} ms "
+          f"{generated / spec_s:12,.0f} characters/s  ({setup} {spec_setup_s:.1f}s)")
+    print(f"  target-only   {plural(target_steps, 'step'):>12s} of {target_step_s * 1e3:6.2f} ms "
+          f"{generated / target_s:12,.0f} characters/s  ({setup} {target_setup_s:.1f}s)")
+    speedup = target_s / spec_s
+    print(f"  speculative throughput / target-only throughput: {speedup:.2f}x")
     # A step costs (its own work + a target call): with a target call costing X more seconds, the
     # speculative loop wins when (spec_step + X) / per_call < target_step + X.
     if per_call > 1 and spec_step_s > per_call * target_step_s:
         break_even = (spec_step_s - per_call * target_step_s) / (per_call - 1)
-        print(f"  (n-gram calls cost next to nothing; once a target call costs {break_even * 1e3:.2f} ms "
-              f"more, as a neural\n   model's forward pass does, the speculative loop wins, up to "
-              f"{per_call:.2f}x)")
-
-    start_col = decoder.prompt_len
-    cpu_models = models.to("cpu")
-    control = draft_only_samples(cpu_models, prompts.cpu(), args.length)
-    min_count = 30
-    results = {
-        name: fit_to_target(cpu_models, seq.cpu(), start_col, min_count)
-        for name, seq in (("speculative (specops)", spec_tokens), ("target-only", target_tokens),
-                          ("draft-only (control)", control))
-    }
-    print(f"\nlossless check: generated characters vs the target model's P(next | 3 characters),"
-          f"\npooled chi-square over contexts seen >= {min_count} times")
-    print(f"  {'sampler':24s} {'chars':>7s} {'contexts':>8s} {'chi2/dof':>9s} {'p-value':>8s} {'mean TV':>8s}")
-    for name, r in results.items():
-        print(f"  {name:24s} {r.tokens:7d} {r.contexts:8d} {r.chi2 / max(r.dof, 1):9.3f} "
-              f"{r.p_value:8.4f} {r.mean_tv:8.4f}")
-    spec, ctrl = results["speculative (specops)"], results["draft-only (control)"]
-    lossless = spec.p_value > 1e-3 and ctrl.p_value < 1e-3
-    if spec.dof == 0 or not ctrl.p_value < 1e-3:
-        verdict = ("TOO FEW CHARACTERS: the test cannot yet tell the draft-only control from the "
-                   "target; raise --batch-size or --length")
-    elif lossless:
-        verdict = ("PASS: speculative output follows the target distribution (p > 0.001) and the "
-                   "test rejects the draft-only control (p < 0.001)")
-    else:
-        verdict = "FAIL: the speculative output deviates from the target distribution (p <= 0.001)"
-    print(f"  {verdict}")
+        print(f"  a speculative step does more (N draft calls and the op); it pays off once a target call\n"
+              f"  costs {break_even * 1e3:.2f} ms more, as a neural model's forward pass does, and the "
+              f"ratio tends to {per_call:.2f}x as that cost grows")
     print(f"\ntotal time {time.perf_counter() - start:.1f}s")
-    return {"lossless": lossless, "results": results, "acceptance": acceptance,
-            "characters_per_call": per_call, "speedup": target_s / spec_s}
+    return {"lossless": lossless, "results": results, "passed_own_test": passed,
+            "kept_per_step": kept_per_step, "characters_per_call": per_call, "speedup": speedup}
 
 
 if __name__ == "__main__":

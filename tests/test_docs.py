@@ -95,16 +95,47 @@ def run(args: list[str], timeout: int) -> str:
 
 def test_demo_small_run_reports_and_is_lossless():
     out = run(["-m", "specops.demo", "--batch-size", "64", "--length", "160", "--seed", "1"], 120)
-    for line in ("acceptance rate", "characters / target call", "target-only", "speed-up",
-                 "lossless check", "draft-only (control)"):
+    for line in ("characters per target call", "drafts kept per step", "drafts accepted by own coin",
+                 "draft-only (control)", "target-only", "throughput"):
         assert line in out, out
-    assert "PASS" in out, out
+    assert "lossless check               PASS" in out, out
+    if not torch.cuda.is_available():  # eager by default on a CPU, where compiling is slower
+        assert "compile: off" in out and "compile and warm-up" not in out, out
 
 
 def test_demo_eager_options():
-    out = run(["-m", "specops.demo", "--no-compile", "--batch-size", "3", "--length", "12",
+    out = run(["-m", "specops.demo", "--no-compile", "--batch-size", "1", "--length", "12",
                "--draft-len", "2", "--draft-order", "2", "--device", "cpu"], 120)
-    assert "compile: off" in out and "acceptance rate" in out
+    assert "compile: off" in out and "1 sequence x 12 characters" in out, out
+    assert "TOO FEW CHARACTERS" in out, out  # 12 characters cannot reject the control
+
+
+def test_demo_passes_its_check_at_interpreter_sizes():
+    # contributing.md's command for the Triton interpreter, with the reference (same sizes, faster)
+    out = run(["-m", "specops.demo", "--batch-size", "8", "--length", "32"], 120)
+    assert "lossless check               PASS" in out, out
+
+
+def demo_error(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "specops.demo", *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_demo_bad_flags_get_their_own_one_line_message():
+    assert "--draft-len: expected a whole number >= 1, got '0'" in demo_error("--draft-len", "0")
+    assert "--batch-size: expected a whole number >= 1, got 'x'" in demo_error("--batch-size", "x")
+    assert "--length: expected a whole number >= 1, got '-3'" in demo_error("--length", "-3")
+    assert "--device: expected cpu or cuda, got 'tpu'" in demo_error("--device", "tpu")
+    if not torch.cuda.is_available():
+        assert "--device: CUDA is not available" in demo_error("--device", "cuda")
+
+
+def test_demo_help_is_plain_and_shows_defaults():
+    out = run(["-m", "specops.demo", "--help"], 60)
+    assert "(default: 128)" in out and "(default: auto)" in out, out
+    assert "``" not in out, out
 
 
 def test_benchmark_quick(tmp_path):
@@ -114,3 +145,22 @@ def test_benchmark_quick(tmp_path):
         rows = list(csv.DictReader(f))
     assert {"specops", "loop", "eager", "floor"} <= {r["impl"] for r in rows}
     assert all(float(r["latency_us"]) > 0 and int(r["needed_bytes"]) > 0 for r in rows)
+
+
+def test_demo_check_catches_a_biased_sampler(monkeypatch, capsys):
+    import specops.demo
+
+    honest = specops.chain_speculative_sampling
+
+    def biased(draft_probs, draft_token_ids, target_probs, *args, **kwargs):
+        # Target rows scaled by 3: drafts are accepted far too often, so the output leans to the draft.
+        return honest(draft_probs, draft_token_ids, target_probs * 3, *args, **kwargs)
+
+    monkeypatch.setattr(specops, "chain_speculative_sampling", biased)
+    threads = torch.get_num_threads()
+    try:
+        result = specops.demo.main(["--batch-size", "64", "--length", "160", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    assert not result["lossless"]
+    assert "lossless check               FAIL" in capsys.readouterr().out

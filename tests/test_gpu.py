@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from chi_square import chi2_pvalue  # tests/chi_square.py
 
 import specops
 from specops.chain.launch import chain_speculative_sampling_triton
 from specops.chain.reference import chain_speculative_sampling_reference
+from specops.stats import chi2_pvalue
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,10 +13,10 @@ import math
 
 import pytest
 import torch
-from chi_square import chi2_pvalue, normal_pvalue  # tests/chi_square.py
 
 import specops
 import specops.chain.reference
+from specops.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4
 

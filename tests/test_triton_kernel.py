@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from chi_square import chi2_pvalue  # tests/chi_square.py
 
 import specops
 from specops.chain.launch import (
@@ -18,6 +17,7 @@ from specops.chain.launch import (
     choose_num_splits,
 )
 from specops.chain.reference import chain_speculative_sampling_reference
+from specops.stats import chi2_pvalue
 
 if not torch.cuda.is_available():
     DEVICE = "cpu"  # conftest.py has set TRITON_INTERPRET=1

@@ -1,5 +1,8 @@
-"""Goodness-of-fit statistics shared by the statistical tests (no scipy: the chi-square p-value
-is the regularized upper incomplete gamma function Q(dof/2, x/2) = torch.special.gammaincc)."""
+"""Goodness-of-fit p-values, for the demo's lossless check and the statistical tests.
+
+No scipy: the chi-square upper tail is the regularized upper incomplete gamma function,
+Q(dof / 2, x / 2) = ``torch.special.gammaincc``, and the normal two-sided tail is ``erfc``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ import torch
 def chi2_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson chi-square goodness-of-fit p-value of counts ``observed`` against ``probs``.
 
-    A count in a zero-probability category is an impossible outcome: p-value 0.  Categories with
-    expected count < 5 are pooled so that the chi-square approximation holds.
+    ``probs`` is normalised here. A count in a zero-probability category is an impossible outcome:
+    p-value 0. Categories expected fewer than 5 times are pooled into one, so that the chi-square
+    approximation holds; a pool still expected fewer than 5 times joins the smallest other category.
     """
     observed = observed.double().flatten()
     probs = probs.double().flatten()
@@ -29,7 +33,7 @@ def chi2_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:
         if pooled_e >= 5 or expected.numel() == 0:
             observed = torch.cat([observed, pooled_o[None]])
             expected = torch.cat([expected, pooled_e[None]])
-        else:  # too little to stand alone: fold into the smallest remaining category
+        else:
             i = int(expected.argmin())
             observed[i] += pooled_o
             expected[i] += pooled_e
