@@ -1,20 +1,21 @@
 """Benchmark chain speculative sampling on whatever device is present.
 
-    python benchmarks/benchmark.py            # default grid (~2-3 minutes on a 2-core CPU)
-    python benchmarks/benchmark.py --quick    # smoke test (seconds)
-    python benchmarks/benchmark.py --point 64 4 32000   # one (B, N, V): issue 2's CPU ratios
+    python benchmarks/benchmark.py                      # default grid (~2-3 minutes on a 2-core CPU)
+    python benchmarks/benchmark.py --quick              # smoke test (seconds)
+    python benchmarks/benchmark.py --point 64 4 32000   # one (B, N, V)
 
 Implementations compared on the same inputs:
   specops     specops.chain_speculative_sampling (the registered op)
   loop        a per-request Python loop with torch.multinomial: what a user would write
   eager       a vectorised eager-torch version that computes the residual at every position
-  floor       torch.sum over the (B, 2, V) rows the op must read: one pass over the needed bytes
+  floor       torch.sum over the (B, 2, V) rows the op may need: one read of the needed bytes
   flashinfer  flashinfer.sampling.chain_speculative_sampling, when importable (CUDA only)
 
-For each it reports the median latency, the bytes the op must move (SPEC.md's performance model:
-per request the 2N scalars p_j[d_j], q_j[d_j], the rows p_e and q_e, the ids and the output), and
-that traffic as a fraction of the bandwidth of a large tensor copy measured on the same device.
-Writes results/benchmark.csv and results/benchmark.png (needs matplotlib: pip install -e .[bench]).
+For each it reports the median latency, the bytes the op must move in the worst case (per request
+the 2N scalars p_j[d_j], q_j[d_j], the rows p_e and q_e, the ids and the output; see
+common.needed_bytes), and that traffic as a fraction of the bandwidth of a large tensor copy
+measured on the same device. Writes results/benchmark.csv and, when the points form a sweep,
+results/benchmark.png (needs matplotlib: pip install -e .[bench]).
 """
 
 from __future__ import annotations
@@ -22,30 +23,15 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import math
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import specops
+from common import (DTYPES, copy_bandwidth, describe_device, eager_chain_sampling, make_inputs,
+                    needed_bytes, require_device, time_eager)
 from specops.progress import Progress
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-# ----------------------------------------------------------------------------- inputs
-def make_inputs(batch: int, num_draft: int, vocab: int, dtype: torch.dtype, device, gen):
-    """Target/draft probabilities that agree roughly (acceptance ~0.5-0.8), drafts sampled from q."""
-    logits = torch.randn(batch, num_draft + 1, vocab, generator=gen) * 3
-    target = logits.softmax(-1)
-    draft = (logits[:, :num_draft] + torch.randn(batch, num_draft, vocab, generator=gen)).softmax(-1)
-    exp = torch.empty_like(draft).exponential_(generator=gen)
-    ids = (draft / exp).argmax(-1)  # one sample of q per position (exponential race)
-    return (draft.to(device, dtype), ids.to(device), target.to(device, dtype))
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -76,25 +62,11 @@ def run_loop(draft, ids, target, state):
 
 
 def run_eager(draft, ids, target, state):
-    """Vectorised torch that forms the residual at every position, then picks the row at e."""
-    batch, num_draft = ids.shape
-    p, q = target.float(), draft.float()
-    p_d = p[:, :num_draft].gather(2, ids[..., None]).squeeze(2)
-    q_d = q.gather(2, ids[..., None]).squeeze(2)
-    accepted = torch.rand(batch, num_draft, device=p.device) * q_d < p_d
-    rejected = ~accepted
-    e = torch.where(rejected.any(1), rejected.int().argmax(1), num_draft)
-    residual = torch.cat([(p[:, :num_draft] - q).clamp_min(0), p[:, num_draft:]], dim=1)
-    rows = residual[torch.arange(batch, device=p.device), e]
-    token = torch.multinomial(rows / rows.sum(-1, keepdim=True), 1).squeeze(1)
-    out = torch.where(torch.arange(num_draft + 1, device=p.device) < e[:, None],
-                      torch.cat([ids, ids[:, :1]], dim=1), -1)
-    out[torch.arange(batch, device=p.device), e] = token
-    return out
+    return eager_chain_sampling(draft, ids, target)
 
 
 def run_floor(draft, ids, target, state):
-    """One read of as many bytes as the op needs: two rows of every request, summed."""
+    """One read of as many bytes as the op needs at most: two rows of every request, summed."""
     return target[:, :2].sum(dtype=torch.float32)
 
 
@@ -110,69 +82,14 @@ def flashinfer_impl():
     return run_flashinfer
 
 
-# ----------------------------------------------------------------------------- measurement
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_call(fn, input_sets, state, device, min_time: float, max_reps: int) -> float:
-    """Median seconds per call, rotating over input sets so no call reads a cached copy."""
-    for inputs in input_sets[:2]:  # warm-up (first-call setup, autotuning)
-        fn(*inputs, state)
-    sync(device)
-    times: list[float] = []
-    total = 0.0
-    while (total < min_time or len(times) < 3) and len(times) < max_reps:
-        inputs = input_sets[len(times) % len(input_sets)]
-        if device.type == "cuda":
-            start_ev = torch.cuda.Event(enable_timing=True)
-            end_ev = torch.cuda.Event(enable_timing=True)
-            start_ev.record()
-            fn(*inputs, state)
-            end_ev.record()
-            end_ev.synchronize()
-            elapsed = start_ev.elapsed_time(end_ev) / 1e3
-        else:
-            start = time.perf_counter()
-            fn(*inputs, state)
-            elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        total += elapsed
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device, megabytes: int) -> float:
-    """Bytes per second of a large tensor copy (read + write counted) on ``device``."""
-    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = math.inf
-    for _ in range(5):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best
-
-
-def needed_bytes(batch: int, num_draft: int, vocab: int, dtype: torch.dtype, id_bytes: int = 8) -> int:
-    """SPEC.md's performance model with the rejection case (two rows): the fewest bytes per call."""
-    elem = torch.finfo(dtype).bits // 8
-    per_request = (2 * num_draft * elem  # p_j[d_j] and q_j[d_j]
-                   + 2 * vocab * elem  # p_e and q_e
-                   + num_draft * id_bytes  # draft ids
-                   + (num_draft + 1) * 4)  # output ids
-    return batch * per_request
-
-
 # ----------------------------------------------------------------------------- grid
 def grid(device: torch.device, quick: bool) -> list[tuple[int, int, int]]:
-    """(B, N, V) points: a vocabulary sweep at fixed batch and a batch sweep at V = 32000."""
+    """(B, N, V) points: a vocabulary sweep at fixed batch and a batch sweep at fixed vocabulary."""
     if quick:
         vocabs, batches, fixed_b, fixed_v = [1000, 4096], [1, 8], 8, 4096
     elif device.type == "cuda":
-        vocabs, batches, fixed_b, fixed_v = [32000, 128256, 151936], [1, 16, 64, 256, 1024], 16, 32000
+        vocabs = [32000, 128256, 151936]
+        batches, fixed_b, fixed_v = [1, 16, 64, 256, 257, 384, 600, 1024], 16, 32000
     else:
         vocabs, batches, fixed_b, fixed_v = [1000, 8000, 32000, 128256], [1, 4, 16, 64, 256], 16, 32000
     points = [(fixed_b, 4, v) for v in vocabs] + [(b, 4, fixed_v) for b in batches]
@@ -191,12 +108,19 @@ def parse_args(argv=None):
                         help="CPU threads for torch (default 1: stable figures on a shared machine)")
     parser.add_argument("--loop-max-batch", type=int, default=64,
                         help="skip the per-request loop above this batch size (it is slow)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.point is not None:
+        for name, value in zip(("B", "N", "V"), args.point):
+            if value < 1:
+                parser.error(f"--point {' '.join(map(str, args.point))}: {name} must be at least 1, got {value}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    return args
 
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = require_device(args.device)
     dtype = DTYPES[args.dtype]
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -230,7 +154,8 @@ def main(argv=None) -> list[dict]:
                 bar.update(note=f"B={batch} V={vocab} {name}")
                 if name == "loop" and (batch > args.loop_max_batch or device.type != "cpu" and batch > 16):
                     continue
-                seconds = time_call(fn, inputs, state, device, min_time, max_reps)
+                seconds = time_eager(lambda i: fn(*inputs[i], state), count, device,
+                                     min_time=min_time, max_reps=max_reps)
                 rows.append({
                     "device": describe_device(device), "dtype": args.dtype, "batch": batch,
                     "num_draft": num_draft, "vocab": vocab, "impl": name,
@@ -245,17 +170,9 @@ def main(argv=None) -> list[dict]:
     write_csv(rows, out / "benchmark.csv")
     print_table(rows)
     print_ratios(rows)
-    if plot(rows, out / "benchmark.png", bandwidth):
-        print(f"wrote {out / 'benchmark.csv'} and {out / 'benchmark.png'}")
-    else:
-        print(f"wrote {out / 'benchmark.csv'} (no plot: pip install matplotlib)")
+    print(f"wrote {out / 'benchmark.csv'}")
+    print(plot(rows, out / "benchmark.png", bandwidth))
     return rows
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {platform.machine()} x{torch.get_num_threads()} thread(s)"
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -284,60 +201,85 @@ def print_table(rows: list[dict]) -> None:
 
 
 def print_ratios(rows: list[dict]) -> None:
-    """The ratios issue 2 asks for, at B=64, N=4, V=32000 when that point was measured."""
-    by_key = {(r["batch"], r["vocab"], r["impl"]): r["latency_us"] for r in rows}
-    if (64, 32000, "specops") not in by_key:
+    """The CPU targets, at B=64, N=4, V=32000 when that point was measured."""
+    by_key = {(r["batch"], r["num_draft"], r["vocab"], r["impl"]): r["latency_us"] for r in rows}
+    if (64, 4, 32000, "specops") not in by_key:
         return
-    spec = by_key[(64, 32000, "specops")]
-    if (64, 32000, "loop") in by_key:
-        print(f"B=64 N=4 V=32000: specops is {by_key[(64, 32000, 'loop')] / spec:.1f}x faster than the loop"
-              " (issue 2 goal: >= 15x)")
-    print(f"B=64 N=4 V=32000: specops takes {spec / by_key[(64, 32000, 'floor')]:.1f}x one read of the "
-          "needed rows (torch.sum over (B, 2, V); issue 2 goal: <= 8x)")
+    spec = by_key[(64, 4, 32000, "specops")]
+    if (64, 4, 32000, "loop") in by_key:
+        print(f"B=64 N=4 V=32000: loop / specops = {by_key[(64, 4, 32000, 'loop')] / spec:.1f}x"
+              " (CPU target: >= 15x)")
+    print(f"B=64 N=4 V=32000: specops / floor = {spec / by_key[(64, 4, 32000, 'floor')]:.1f}x"
+          " (floor: torch.sum over the (B, 2, V) needed rows; CPU target: <= 8x)")
 
 
-def plot(rows: list[dict], path: Path, bandwidth: float) -> bool:
+def sweeps(rows: list[dict]) -> list[tuple[str, str, int]]:
+    """(x key, fixed key, fixed value) of each sweep the rows hold: at least two x values measured
+    at one value of the other dimension (and N); the fixed value with the most x values wins."""
+    found = []
+    for x_key, fixed_key in (("vocab", "batch"), ("batch", "vocab")):
+        xs_at: dict[tuple[int, int], set] = {}
+        for r in rows:
+            xs_at.setdefault((r[fixed_key], r["num_draft"]), set()).add(r[x_key])
+        best = max(xs_at.items(), key=lambda item: len(item[1]), default=None)
+        if best is not None and len(best[1]) >= 2:
+            found.append((x_key, fixed_key, best[0][0], best[0][1]))
+    return found
+
+
+def plot(rows: list[dict], path: Path, bandwidth: float) -> str:
+    """Draw latency and bandwidth against each sweep the rows hold; returns what was written."""
+    panels = sweeps(rows)
+    if not panels:
+        return "no plot: the points form no sweep (a plot needs two sizes along B or V)"
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FixedLocator, NullLocator
     except ImportError:
-        return False
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    # The two sweeps: fixed batch (varying V) and fixed vocabulary (varying B).
-    counts_b = {}
-    for r in rows:
-        counts_b[r["batch"]] = counts_b.get(r["batch"], 0) + 1
-    fixed_b = max(counts_b, key=counts_b.get)
-    counts_v = {}
-    for r in rows:
-        counts_v[r["vocab"]] = counts_v.get(r["vocab"], 0) + 1
-    fixed_v = max(counts_v, key=counts_v.get)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), constrained_layout=True)
-    sweeps = [("vocab", "batch", fixed_b, "vocabulary size V"), ("batch", "vocab", fixed_v, "batch size B")]
-    for col, (x_key, fixed_key, fixed, label) in enumerate(sweeps):
+        return "no plot: matplotlib is not installed (pip install -e '.[bench]')"
+    impls = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "floor"]
+    labels = {"vocab": "vocabulary size V", "batch": "batch size B"}
+    fig, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 8), constrained_layout=True,
+                             squeeze=False)
+    for col, (x_key, fixed_key, fixed, num_draft) in enumerate(panels):
+        top, bottom = axes[0][col], axes[1][col]
+
+        def series(impl):
+            sel = sorted((r for r in rows if r["impl"] == impl and r[fixed_key] == fixed
+                          and r["num_draft"] == num_draft), key=lambda r: r[x_key])
+            return [r[x_key] for r in sel], sel
+
         for impl in impls:
-            sel = sorted((r for r in rows if r["impl"] == impl and r[fixed_key] == fixed),
-                         key=lambda r: r[x_key])
-            if len(sel) < 2:
-                continue
-            xs = [r[x_key] for r in sel]
-            axes[0][col].plot(xs, [r["latency_us"] for r in sel], marker="o", label=impl)
-            axes[1][col].plot(xs, [100 * r["fraction_of_copy_bw"] for r in sel], marker="o", label=impl)
-        axes[0][col].set(xscale="log", yscale="log", xlabel=label, ylabel="latency (us)",
-                         title=f"latency, {fixed_key} = {fixed}, N = 4")
-        axes[1][col].set(xscale="log", yscale="log", xlabel=label,
-                         ylabel="needed bytes / latency, % of copy bandwidth",
-                         title=f"bandwidth (copy: {bandwidth / 1e9:.1f} GB/s)")
-        for ax in (axes[0][col], axes[1][col]):
+            xs, sel = series(impl)
+            if xs:
+                top.plot(xs, [r["latency_us"] for r in sel], marker="o", label=impl)
+                bottom.plot(xs, [100 * r["fraction_of_copy_bw"] for r in sel], marker="o", label=impl)
+        xs, sel = series("floor")
+        if xs:
+            style = dict(color="black", linestyle="--", linewidth=1, label="memory floor (one read of the needed bytes)")
+            top.plot(xs, [r["latency_us"] for r in sel], **style)
+            bottom.plot(xs, [100 * r["fraction_of_copy_bw"] for r in sel], **style)
+        top.set(yscale="log", ylabel="latency (us)", title=f"latency, {fixed_key} = {fixed}, N = {num_draft}")
+        bottom.set(yscale="log", ylabel="needed bytes / latency, % of copy bandwidth",
+                   title=f"bandwidth (copy: {bandwidth / 1e9:.1f} GB/s)")
+        ticks = sorted({r[x_key] for r in rows if r[fixed_key] == fixed and r["num_draft"] == num_draft})
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.set_xlabel(labels[x_key])
+            # Plain integer ticks at the measured sizes (a log axis would write 2x10^0).
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([str(t) for t in ticks], rotation=45 if len(ticks) > 5 else 0)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-    device = rows[0]["device"]
-    fig.suptitle(f"chain speculative sampling on {device}, {rows[0]['dtype']}, torch {torch.__version__}")
+            ax.legend(fontsize="small")
+    fig.suptitle(f"chain speculative sampling on {rows[0]['device']}, {rows[0]['dtype']}, torch {torch.__version__}")
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return True
+    what = " and ".join(f"{labels[x]} at {f} = {v}" for x, f, v, _ in panels)
+    return f"wrote {path}: latency and bandwidth against {what}"
 
 
 if __name__ == "__main__":
