@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from inputs import make_inputs, seeds  # tests/inputs.py
 
 import specops
 from specops.chain.launch import chain_speculative_sampling_triton
@@ -16,19 +17,8 @@ pytestmark = [
 ]
 
 
-def make_inputs(batch, num_draft, vocab, dtype=torch.float32, draft=True, seed=0, device="cuda"):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    target = torch.rand(batch, num_draft + 1, vocab, generator=gen, device=device) ** 4
-    target = target / target.sum(-1, keepdim=True)
-    q = torch.rand(batch, num_draft, vocab, generator=gen, device=device) ** 4
-    q = 0.5 * q / q.sum(-1, keepdim=True) + 0.5 * target[:, :-1]
-    ids = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_draft)
-    return (q.to(dtype) if draft else None), ids, target.to(dtype)
-
-
 def op_args(batch, device="cuda", per_request=True):
-    seed = torch.arange(batch if per_request else 1, device=device, dtype=torch.int64) * 7919 + 1
-    offset = torch.full((batch if per_request else 1,), 3, device=device, dtype=torch.int64)
+    seed, offset = seeds(batch, per_request, offset_per_request=per_request, device=device)
     acc = torch.zeros(batch, dtype=torch.int32, device=device)
     emit = torch.zeros(batch, dtype=torch.int64, device=device)
     return acc, emit, seed, offset

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from inputs import DEVICE, make_inputs, seeds  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
 
 import specops
 from specops.chain.launch import (
@@ -18,31 +19,6 @@ from specops.chain.launch import (
 )
 from specops.chain.reference import chain_speculative_sampling_reference
 from specops.stats import chi2_pvalue
-
-if not torch.cuda.is_available():
-    DEVICE = "cpu"  # conftest.py has set TRITON_INTERPRET=1
-else:
-    DEVICE = "cuda"
-
-
-def make_inputs(batch, num_draft, vocab, *, dtype=torch.float32, draft=True, ids_dtype=torch.int64,
-                sharp=4.0, seed=0):
-    """Random peaked rows and drafts that are often accepted (ids mostly from the draft's mode)."""
-    gen = torch.Generator().manual_seed(seed)
-    target = torch.rand(batch, num_draft + 1, vocab, generator=gen) ** sharp
-    target = target / target.sum(-1, keepdim=True)
-    draft_probs = torch.rand(batch, num_draft, vocab, generator=gen) ** sharp
-    draft_probs = 0.5 * draft_probs / draft_probs.sum(-1, keepdim=True) + 0.5 * target[:, :-1]
-    ids = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_draft)
-    return (draft_probs.to(dtype).to(DEVICE) if draft else None,
-            ids.to(ids_dtype).to(DEVICE), target.to(dtype).to(DEVICE))
-
-
-def seeds(batch, per_request, offset_per_request=False, base=12345):
-    gen = torch.Generator().manual_seed(base)
-    seed = torch.randint(-(2**63), 2**63 - 1, (batch if per_request else 1,), generator=gen)
-    offset = torch.randint(0, 2**62, (batch if offset_per_request else 1,), generator=gen)
-    return seed.to(DEVICE), offset.to(DEVICE)
 
 
 def run_both(draft_probs, ids, target, seed, offset, *, acc_dtype=torch.int32,
