@@ -1,4 +1,4 @@
-"""Edge cases with exactly predictable outcomes (SPEC.md, "Semantics")."""
+"""Edge cases with exactly predictable outcomes (docs/semantics.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ SEEDS = range(25)
 
 
 def check_format(out, d, emitted, vocab):
-    """Output = the first e drafts, then one token in [-1, V), then -1 (SPEC step 4)."""
+    """Output = the first e drafts, then one token in [-1, V), then -1 (semantics step 4)."""
     batch, num_draft = d.shape
     assert out.shape == (batch, num_draft + 1) and out.dtype == torch.int32
     for b in range(batch):
@@ -66,7 +66,7 @@ def test_p_zero_at_draft_rejects():
 
 
 def test_p_ge_q_always_accepts():
-    # p >= q > 0 at the draft: accepted whatever the coin (SPEC step 3), also in fp16/bf16.
+    # p >= q > 0 at the draft: accepted whatever the coin (semantics step 3), also in fp16/bf16.
     batch, num_draft, vocab = 16, 3, 64
     q = random_rows((batch, num_draft, vocab), 5)
     p = random_rows((batch, num_draft + 1, vocab), 6)

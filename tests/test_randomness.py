@@ -184,7 +184,7 @@ def test_sampler_uses_documented_slots():
         assert int(emitted[b]) == e
         row = p[b, e]
         if e < num_draft:
-            row = (row - q[b, e]).clamp_min(0)  # float32, as SPEC step 5 computes it
+            row = (row - q[b, e]).clamp_min(0)  # float32, as semantics step 5 computes it
         # The race compares float32 chunk masses; the in-chunk threshold is u times the chunk's
         # float64 total.
         chunks = [row[k * 1024 : (k + 1) * 1024] for k in range(3)]

@@ -39,7 +39,7 @@ def test_chi2_helper_sanity():
 
 
 def acceptance_rates(p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor | None = None):
-    """Per-position acceptance probability: sum(min(p, q)) for drafts drawn from q (SPEC step 3),
+    """Per-position acceptance probability: sum(min(p, q)) for drafts drawn from q (semantics step 3),
     or p_j[d_j] for fixed one-hot drafts (draft_probs=None)."""
     if q is not None:
         return torch.minimum(p[: q.shape[0]], q).double().sum(-1)
@@ -59,7 +59,7 @@ def emitted_distribution(a: torch.Tensor) -> torch.Tensor:
 
 
 def accepted_distribution(a: torch.Tensor) -> torch.Tensor:
-    """Poisson-binomial P(#accepted = k): positions are judged independently (SPEC step 6)."""
+    """Poisson-binomial P(#accepted = k): positions are judged independently (semantics step 6)."""
     dist = torch.zeros(a.numel() + 1, dtype=torch.float64)
     dist[0] = 1.0
     for ak in a.tolist():
