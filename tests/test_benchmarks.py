@@ -1,0 +1,105 @@
+"""The benchmark scripts: the byte model, clear errors for bad flags, honest plots, and a rehearsal
+of the GPU check on CPU (benchmarks/gpu_check.py --rehearse) so that its first GPU run does not
+fail on a typo."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The benchmarks folder importable, as it is for its own scripts."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import benchmark
+    import common
+
+    return common, benchmark
+
+
+def run_script(args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def test_needed_bytes_worst_case_and_from_the_output(bench):
+    common, _ = bench
+    b, n, v, s = 3, 2, 100, 4
+    fixed = b * (2 * n * s + 8 * n + 4 * (n + 1))
+    assert common.needed_bytes(b, n, v, torch.float32) == fixed + 2 * b * v * s
+    # Request 0 rejects at position 0, request 1 at position 1, request 2 accepts both (bonus row only).
+    output = torch.tensor([[5, -1, -1], [5, 6, -1], [5, 6, 7]], dtype=torch.int32)
+    assert common.needed_bytes(b, n, v, torch.float32, output=output) == fixed + (b + 2) * v * s
+    assert common.needed_bytes(b, n, v, torch.bfloat16) == b * (4 * n + 8 * n + 4 * (n + 1)) + 2 * b * v * 2
+    with pytest.raises(ValueError, match="output has shape"):
+        common.needed_bytes(b, n + 1, v, torch.float32, output=output)
+
+
+def test_eager_baseline_emits_a_valid_chain(bench):
+    common, _ = bench
+    gen = torch.Generator().manual_seed(0)
+    draft, ids, target = common.make_inputs(16, 3, 50, torch.float32, "cpu", gen)
+    out = common.eager_chain_sampling(draft, ids, target)
+    emitted = (out >= 0).sum(1)
+    assert out.shape == (16, 4) and bool((emitted >= 1).all())
+    for b in range(16):
+        e = int(emitted[b]) - 1  # drafts accepted before the last token
+        assert torch.equal(out[b, :e], ids[b, :e].int()) and bool((out[b, e + 1:] == -1).all())
+        assert 0 <= int(out[b, e]) < 50
+
+
+def test_benchmark_rejects_an_empty_point_in_one_line():
+    proc = run_script([str(BENCH / "benchmark.py"), "--point", "0", "4", "100", "--out", "/nonexistent"], 60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--point 0 4 100: B must be at least 1, got 0" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_benchmark_without_cuda_says_so_in_one_line(tmp_path):
+    proc = run_script([str(BENCH / "benchmark.py"), "--device", "cuda", "--quick", "--out", str(tmp_path)], 60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "sees no CUDA device" in proc.stderr
+
+
+def rows_for(points, impls=("specops", "floor")):
+    return [{"device": "cpu", "dtype": "float32", "batch": b, "num_draft": n, "vocab": v, "impl": impl,
+             "latency_us": 10.0 * b, "needed_bytes": 1000 * b, "needed_GBps": 1.0, "fraction_of_copy_bw": 0.1}
+            for b, n, v in points for impl in impls]
+
+
+def test_plot_draws_only_measured_sweeps(bench, tmp_path):
+    _, benchmark = bench
+    single = benchmark.plot(rows_for([(64, 4, 32000)]), tmp_path / "one.png", 1e10)
+    assert single.startswith("no plot") and not (tmp_path / "one.png").exists()
+    message = benchmark.plot(rows_for([(1, 4, 4096), (8, 4, 4096)]), tmp_path / "b.png", 1e10)
+    assert message.startswith("wrote") and "batch size B at vocab = 4096" in message
+    assert "vocabulary" not in message  # one batch size per vocabulary: no V sweep to draw
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_gpu_check_rehearsal(tmp_path):
+    """The grid, the agreement count and the optional host step, rehearsed on CPU (~10 s)."""
+    proc = run_script([str(BENCH / "gpu_check.py"), "--rehearse", "--step", "grid-float32",
+                       "--step", "agreement", "--step", "host"], 240, env={"OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == ["grid-float32", "agreement", "host"]
+    assert steps[0]["status"] == steps[1]["status"] == "passed"
+    with (tmp_path / "grid.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(float(r["ours_eager_us"]) > 0 and float(r["base_eager_us"]) > 0 for r in rows)
+    assert all(r["ours_graph_us"] == "" for r in rows)  # no CUDA graphs on CPU
+    assert "CUDA-graph timings skipped" in (tmp_path / "grid-float32.log").read_text()
+    assert '"mismatched": 0' in (tmp_path / "agreement.log").read_text()
+    assert "| grid-float32 | passed |" in (tmp_path / "summary.md").read_text()
