@@ -297,7 +297,7 @@ def device_arg(text: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"expected cpu or cuda, got {text!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
-        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        why = "no CUDA device is visible" if torch.version.cuda else "this torch build has no CUDA support"
         raise argparse.ArgumentTypeError(f"CUDA is not available ({why}); use --device cpu")
     return device
 
@@ -408,7 +408,8 @@ def main(argv=None) -> dict:
 
     spec_step_s, target_step_s = spec_s / spec_steps, target_s / target_steps
     setup = "compile and warm-up" if backend else "warm-up"
-    print(f"\ntime on this {device.type}, where a target call (an n-gram table look-up) costs next to nothing:")
+    print(f"\ntime on this {device.type}, where a target call (an n-gram table look-up) costs next to "
+          f"nothing:")
     print(f"  speculative   {plural(spec_steps, 'step'):>12s} of {spec_step_s * 1e3:6.2f} ms "
           f"{generated / spec_s:12,.0f} characters/s  ({setup} {spec_setup_s:.1f}s)")
     print(f"  target-only   {plural(target_steps, 'step'):>12s} of {target_step_s * 1e3:6.2f} ms "

@@ -54,7 +54,8 @@ def test_imports_are_read():
 def test_core_imports_no_sampler_and_not_the_demo(name):
     # The top-level package counts as a sampler import: its __init__ pulls every sampler in.
     forbidden = [f"specops.{s}" for s in SAMPLERS] + ["specops.demo"]
-    bad = {m for m in IMPORTS[name] if m == "specops" or any(m == f or m.startswith(f + ".") for f in forbidden)}
+    bad = {m for m in IMPORTS[name]
+           if m == "specops" or any(m == f or m.startswith(f + ".") for f in forbidden)}
     assert not bad, f"{name} imports {sorted(bad)}: core/ is shared and must not depend on a sampler"
 
 
