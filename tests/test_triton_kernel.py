@@ -13,16 +13,13 @@ import torch
 from inputs import DEVICE, make_inputs, seeds  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
 
 import specops
-from specops.chain.launch import (
-    chain_speculative_sampling_triton,
-    choose_num_splits,
-)
+from specops.chain.launch import chain_speculative_sampling_triton
 from specops.chain.reference import chain_speculative_sampling_reference
 from specops.stats import chi2_pvalue
 
 
 def run_both(draft_probs, ids, target, seed, offset, *, acc_dtype=torch.int32,
-             emit_dtype=torch.int32, num_splits=None):
+             emit_dtype=torch.int32, programs=None):
     """(reference output, counters), (kernel output, counters) from the same counters' start."""
     batch = ids.shape[0]
     start_acc = torch.arange(batch, dtype=acc_dtype, device=DEVICE) * 3
@@ -30,7 +27,7 @@ def run_both(draft_probs, ids, target, seed, offset, *, acc_dtype=torch.int32,
     results = []
     for kernel in (chain_speculative_sampling_reference, chain_speculative_sampling_triton):
         acc, emit = start_acc.clone(), start_emit.clone()
-        kwargs = {"num_splits": num_splits} if kernel is chain_speculative_sampling_triton else {}
+        kwargs = {"programs": programs} if kernel is chain_speculative_sampling_triton else {}
         out = kernel(draft_probs, ids, target, acc, emit, seed, offset, **kwargs)
         results.append((out, acc, emit))
     return results
@@ -72,27 +69,16 @@ def test_counter_dtypes(acc_dtype, emit_dtype):
 
 
 @pytest.mark.parametrize("draft", [True, False])
-def test_output_does_not_depend_on_split(draft):
-    # 3 chunks: S = 1, 2 (2 + 1 chunks) and 3 programs per request must give the same tokens.
+def test_output_does_not_depend_on_programs_per_request(draft):
+    # 3 chunks: 1, 2 (2 + 1 chunks) and 3 programs per request must give the same tokens.
     draft_probs, ids, target = make_inputs(3, 2, 2100, draft=draft, sharp=1.0, seed=11)
     seed, offset = seeds(3, per_request=True)
     outputs = []
-    for splits in (1, 2, 3):
-        results = run_both(draft_probs, ids, target, seed, offset, num_splits=splits)
+    for programs in (1, 2, 3):
+        results = run_both(draft_probs, ids, target, seed, offset, programs=programs)
         assert_same(results)
         outputs.append(results[1][0])
     assert all(torch.equal(o, outputs[0]) for o in outputs)
-
-
-def test_choose_num_splits():
-    assert choose_num_splits(1, 151936) == 149  # one chunk per program: fills the GPU
-    assert choose_num_splits(1024, 151936) == 1
-    for batch in (1, 3, 16, 64, 256, 1024):
-        for vocab in (1, 1000, 1025, 32000, 128256):
-            splits = choose_num_splits(batch, vocab)
-            chunks = math.ceil(vocab / 1024)
-            per_program = math.ceil(chunks / splits)
-            assert 1 <= splits <= chunks and (splits - 1) * per_program < chunks
 
 
 def test_invalid_ids_and_padding():

@@ -1,14 +1,14 @@
 """The Triton kernels of chain speculative sampling (CUDA tensors, or CPU tensors under
 ``TRITON_INTERPRET=1``); ``launch.py`` launches them.  ``docs/kernel.md`` explains the design.
 
-Grid (B, S): program (b, s) owns request b and the vocabulary chunks
-[s * chunks_per_program, (s + 1) * chunks_per_program).  Every program recomputes the acceptance
-prefix of its request (2N scalar gathers, cheap), then makes ONE pass over its chunks of the row at
-e, keeping in registers the best chunk so far of two exponential races (residual and p), and ends
-with one in-chunk inverse CDF.  With S == 1 the program writes the final answer; with S > 1 each
-program writes its two local winners (key, token) to a small (B, S) scratch and a tiny combine
-kernel picks the global winner (lowest key, ties to the lowest chunk).  A program's result for a
-chunk never depends on which other chunks it saw, so the tokens do not depend on S.
+Grid (B, P): program (b, s) owns request b and the vocabulary chunks
+[s * chunks_per_program, (s + 1) * chunks_per_program), P programs per request.  Each program
+recomputes the acceptance of its request, makes one pass over its chunks of row e that computes
+only chunk masses, resolves both exponential races (residual and p) over them, then re-reads the
+one winning chunk for the inverse CDF.  With P == 1 the program writes the token; with P > 1 each
+program writes its local result to scratch held in the output's own allocation and
+``combine_kernel`` picks the global winner (lowest key, ties to the lowest chunk).  A chunk's mass,
+key and token never depend on which program owns it, so the tokens do not depend on P.
 
 The algorithm is that of ``reference.py``, token for token.
 """
@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
 
+
 @triton.jit
 def _sanitize(x):
     """float32 value if finite and > 0, else 0 (NaN compares false, so it becomes 0)."""
@@ -28,10 +29,117 @@ def _sanitize(x):
 
 
 @triton.jit
-def _race_key(mass, neg_log_u):
-    """Exponential-race key of a chunk: -log(u) / mass in float64, +inf when it has no mass."""
-    mass = mass.to(tl.float64)
-    return tl.where(mass > 0, neg_log_u / tl.where(mass > 0, mass, 1.0), float("inf"))
+def _acceptance(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
+                stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
+                cdf_slot, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
+    whether a valid draft token was rejected at e, that token (-1 when none))."""
+    j = tl.arange(0, BLOCK_N)
+    j64 = j.to(tl.int64)
+    is_draft = j < num_draft
+    d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
+    valid = is_draft & (d >= 0) & (d < vocab)
+    d_safe = tl.where(valid, d, 0)  # invalid ids are never dereferenced (masked) anyway
+    p_d = _sanitize(tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid,
+                            other=0.0))
+    if HAS_DRAFT:
+        q_d = _sanitize(tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid,
+                                other=0.0))
+    else:
+        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
+    # Slots 0..BLOCK_N-1 in one Philox call: the coins are slots 0..N-1 (lane j), and the cdf slot
+    # is N (slots.py), so lane cdf_slot holds the inverse-CDF uniform.
+    coins = philox_uniform(j, stream, off_lo, off_hi, key_lo, key_hi)
+    u_cdf = tl.sum(tl.where(j == cdf_slot, coins, 0.0), axis=0)  # exact: one nonzero term
+    accepted = valid & (coins * q_d < p_d)
+    e = tl.min(tl.where(is_draft & ~accepted, j, num_draft), axis=0)
+    num_accepted = tl.sum(accepted.to(tl.int32), axis=0)
+    at_e = is_draft & (j == e) & valid
+    residual_at_e = tl.sum(at_e.to(tl.int32), axis=0) > 0
+    removed = tl.where(residual_at_e, tl.sum(tl.where(at_e, d, 0), axis=0), -1)
+    return d, e, num_accepted, u_cdf, residual_at_e, removed
+
+
+@triton.jit
+def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
+                               num_draft, stride_acc, stride_emit, BLOCK_N: tl.constexpr):
+    """The owner program's writes that do not need the row: output[:e] = d, output[e+1:] = -1
+    (output[e] has one writer: the token store, or the combine kernel), and the counters."""
+    j = tl.arange(0, BLOCK_N)
+    out = tl.where(j < e, d.to(tl.int32), -1)
+    tl.store(out_ptr + b * (num_draft + 1) + j, out, mask=(j <= num_draft) & (j != e))
+    # Plain read-add-write: one program per request owns the counters.
+    acc_old = tl.load(accepted_ptr + b * stride_acc)
+    tl.store(accepted_ptr + b * stride_acc, acc_old + num_accepted.to(acc_old.dtype))
+    emit_old = tl.load(emitted_ptr + b * stride_emit)
+    tl.store(emitted_ptr + b * stride_emit, emit_old + e.to(emit_old.dtype))
+
+
+@triton.jit
+def _masses_p(row_p, first, count, vocab, GROUP: tl.constexpr, CHUNK: tl.constexpr):
+    """float32 masses of sanitised p over chunks first .. first + count - 1 (count <= GROUP), chunk
+    first + i in slot i: the row loop when q_e is not read."""
+    slot = tl.arange(0, GROUP)
+    lane = tl.arange(0, CHUNK)
+    masses = tl.zeros([GROUP], tl.float32)
+    ptr = row_p + first * CHUNK
+    left = vocab - first * CHUNK  # values of the row from this chunk on
+    for i in range(count):
+        p = _sanitize(tl.load(ptr + lane, mask=lane < left, other=0.0))
+        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
+        ptr += CHUNK
+        left -= CHUNK
+    return masses
+
+
+@triton.jit
+def _masses_residual(row_p, row_q, first, count, vocab, GROUP: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """float32 masses of the residual max(p - q, 0) and of p over chunks first .. first + count - 1,
+    chunk first + i in slot i: the row loop when q_e is read."""
+    slot = tl.arange(0, GROUP)
+    lane = tl.arange(0, CHUNK)
+    res_masses = tl.zeros([GROUP], tl.float32)
+    p_masses = tl.zeros([GROUP], tl.float32)
+    offset = first * CHUNK
+    left = vocab - offset
+    for i in range(count):
+        p = _sanitize(tl.load(row_p + offset + lane, mask=lane < left, other=0.0))
+        q = _sanitize(tl.load(row_q + offset + lane, mask=lane < left, other=0.0))
+        res_masses = tl.where(slot == i, tl.sum(tl.maximum(p - q, 0.0), axis=0), res_masses)
+        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
+        offset += CHUNK
+        left -= CHUNK
+    return res_masses, p_masses
+
+
+@triton.jit
+def _chunk_values(row_p, row_q, chunk, vocab, read_q, removed, HAS_DRAFT: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """The CHUNK values of one chunk of the sampled row: the residual when read_q (draft given)
+    or removed >= 0 (draft None: p with that token zeroed), else p; 0 past V."""
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    p = _sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
+    if HAS_DRAFT:
+        q = _sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
+        return tl.maximum(p - q, 0.0)  # == p when q_e is not read
+    else:
+        return tl.where(cols == removed, 0.0, p)
+
+
+@triton.jit
+def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
+    """Keep the best chunk of a race: the running (key, chunk) against the group of chunks first +
+    i, i < count, with masses[i] (lowest key wins; ties go to the lower chunk, and the running best
+    holds lower chunks). Key -log(u) / mass in float64, +inf without mass, as the reference."""
+    slot = tl.arange(0, GROUP)
+    has_mass = (masses > 0) & (slot < count)
+    keys = tl.where(has_mass, neg_log_u / tl.where(has_mass, masses.to(tl.float64), 1.0),
+                    float("inf"))
+    key = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
+    better = key < best_key
+    return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
 
 
 @triton.jit
@@ -49,167 +157,139 @@ def _inverse_cdf(values, u, CHUNK: tl.constexpr):
     return tl.where(first_hit < CHUNK, first_hit, last_positive)
 
 
-@triton.jit(
-    # Not on the row-addressing path: keep them out of the specialisation key (a stride of 1 would
-    # otherwise compile a separate kernel).
-    do_not_specialize=["num_draft", "num_chunks_total", "chunks_per_program", "stride_ib",
-                       "stride_in", "stride_acc", "stride_emit", "stride_ob", "seed_stride",
-                       "offset_stride", "seed_per_request", "num_splits"],
-)
-def chain_speculative_sampling_kernel(
-    target_ptr, draft_ptr, ids_ptr, accepted_ptr, emitted_ptr, seed_ptr, offset_ptr, out_ptr,
-    split_key_ptr, split_token_ptr, split_e_ptr,  # (B, S, 2) / (B, S, 2) / (B,) scratch; SPLIT only
-    num_draft, vocab, num_chunks_total, chunks_per_program, num_splits,
-    stride_tb, stride_tn, stride_db, stride_dn,  # vocabulary stride is 1
-    stride_ib, stride_in, stride_acc, stride_emit, stride_ob,
-    seed_stride, offset_stride, seed_per_request,
-    HAS_DRAFT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-):
-    # 64-bit request index: b * stride never overflows, whatever B * (N + 1) * V.
-    b = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    owner = split == 0  # the one program that writes the output prefix and the counters
+@triton.jit
+def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
+           off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
+           CHUNK: tl.constexpr):
+    """Best (key, chunk) of the residual race and of the p race over chunks [k_begin, k_end), in
+    groups of GROUP chunks: masses first, then the group's race uniforms and keys as vectors."""
+    res_key = tl.zeros([], tl.float64) + float("inf")
+    res_chunk = tl.zeros([], tl.int64)
+    p_key = tl.zeros([], tl.float64) + float("inf")
+    p_chunk = tl.zeros([], tl.int64)
+    slot = tl.arange(0, GROUP)
+    for first in range(k_begin, k_end, GROUP):
+        count = tl.minimum(k_end - first, GROUP).to(tl.int32)
+        if read_q:
+            res_masses, p_masses = _masses_residual(row_p, row_q, first, count, vocab, GROUP,
+                                                    CHUNK)
+        else:
+            p_masses = _masses_p(row_p, first, count, vocab, GROUP, CHUNK)
+            res_masses = p_masses
+            if not HAS_DRAFT:  # p without the removed token differs from p in its chunk only
+                removed_slot = removed // CHUNK - first
+                if (removed >= 0) & (removed_slot >= 0) & (removed_slot < count):
+                    res_mass = tl.sum(_chunk_values(row_p, row_q, first + removed_slot, vocab,
+                                                    False, removed, False, CHUNK), axis=0)
+                    res_masses = tl.where(slot == removed_slot, res_mass, p_masses)
+        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
+        neg_log_u = -tl.log(u.to(tl.float64))
+        res_key, res_chunk = _keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
+                                        GROUP)
+        p_key, p_chunk = _keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+    return res_key, res_chunk, p_key, p_chunk
 
-    # ---- Randomness: key = seed, counter = (slot, stream, offset) (specops/randomness.py). ----
+
+@triton.jit(do_not_specialize=[
+    # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
+    # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
+    "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft", "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride",
+    "offset_stride", "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
+def chain_speculative_sampling_kernel(
+    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
+    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
+    ids_ptr,  # (B, N) draft token ids
+    accepted_ptr,  # (B,) counter, added to
+    emitted_ptr,  # (B,) counter, added to
+    seed_ptr,  # (1,) or (B,) int64
+    offset_ptr,  # (1,) or (B,) int64
+    out_ptr,  # (B, N+1) int32 contiguous; with P > 1 the scratch follows it (launch.py)
+    num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+    stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
+    cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
+    HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
+    program = tl.program_id(1)
+    programs = tl.num_programs(1)
     seed = tl.load(seed_ptr + b * seed_stride)
     offset = tl.load(offset_ptr + b * offset_stride)
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
-
-    # ---- Acceptance: lanes j < N are draft positions, lane N the bonus position. ----
-    j = tl.arange(0, BLOCK_N)
-    j64 = j.to(tl.int64)
-    is_draft = j < num_draft
-    d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
-    valid = is_draft & (d >= 0) & (d < vocab)
-    d_safe = tl.where(valid, d, 0)  # invalid ids are never dereferenced (masked) anyway
-    p_d = _sanitize(tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid,
-                            other=0.0))
-    if HAS_DRAFT:
-        q_d = _sanitize(tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid,
-                                other=0.0))
-    else:
-        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
-    # Slots 0..BLOCK_N-1 in one Philox call: lane j < N is coin j, lane N the inverse-CDF uniform.
-    coins = philox_uniform(j, stream, off_lo, off_hi, key_lo, key_hi)
-    u_cdf = tl.sum(tl.where(j == num_draft, coins, 0.0), axis=0)  # exact: one nonzero term
-    accepted = valid & (coins * q_d < p_d)
-    e = tl.min(tl.where(is_draft & ~accepted, j, num_draft), axis=0)
-    num_accepted = tl.sum(accepted.to(tl.int32), axis=0)
-
-    # ---- The distribution at e: residual when a valid draft token was rejected at e. ----
-    at_e = is_draft & (j == e)
-    residual_at_e = tl.sum((at_e & valid).to(tl.int32), axis=0) > 0
-    # The draft token removed from p_e (draft None), -1 when none is; and how far q_e is read
-    # (0: not at all). Scalars folded into comparisons, which keeps the masks simple.
-    removed = tl.sum(tl.where(at_e & valid, d, 0), axis=0)
-    removed = tl.where(residual_at_e, removed, -1)
-    q_limit = tl.where(residual_at_e, vocab, 0)
+    d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
+        target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
+        stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi, cdf_slot,
+        HAS_DRAFT, BLOCK_N)
+    if program == 0:
+        _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
+                                   num_draft, stride_acc, stride_emit, BLOCK_N)
     e64 = e.to(tl.int64)
     row_p = target_ptr + b * stride_tb + e64 * stride_tn
-    if HAS_DRAFT:
-        row_q = draft_ptr + b * stride_db + tl.minimum(e64, num_draft - 1) * stride_dn
-
-    # ---- Written before the row pass, so none of it stays live (in registers) across it. ----
-    # Output: the accepted prefix, then -1 after e (output[e] has one writer: the token store
-    # below, or the combine kernel).
-    out = tl.where(j < e, d.to(tl.int32), -1)
-    tl.store(out_ptr + b * stride_ob + j64, out,
-             mask=(j <= tl.where(owner, num_draft, -1)) & (j != e))
-    # Counters: plain read-add-write by the owner (one program per request owns them).
-    acc_old = tl.load(accepted_ptr + b * stride_acc, mask=owner, other=0)
-    tl.store(accepted_ptr + b * stride_acc, acc_old + num_accepted.to(acc_old.dtype), mask=owner)
-    emit_old = tl.load(emitted_ptr + b * stride_emit, mask=owner, other=0)
-    tl.store(emitted_ptr + b * stride_emit, emit_old + e.to(emit_old.dtype), mask=owner)
-
-    # ---- One pass over this program's chunks of row e, best chunk of each race kept. ----
-    lane = tl.arange(0, CHUNK).to(tl.int64)
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    res_vals = tl.zeros([CHUNK], tl.float32)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
-    p_vals = tl.zeros([CHUNK], tl.float32)
-    k_begin = split.to(tl.int64) * chunks_per_program
-    k_end = tl.minimum(k_begin + chunks_per_program, num_chunks_total)
-    # Loads stop at this program's last chunk (and at V: tail lanes read 0, never positive, so
-    # never sampled); q_e is masked off entirely (no traffic) unless the residual needs it.
-    p_limit = tl.minimum(vocab, k_end * CHUNK)
-    q_limit = tl.minimum(q_limit, k_end * CHUNK)
-    # Software prefetch in registers: chunk k + 1 is in flight while chunk k is reduced.
-    cols = k_begin * CHUNK + lane
-    p_next = tl.load(row_p + cols, mask=cols < p_limit, other=0.0)
-    if HAS_DRAFT:
-        q_next = tl.load(row_q + cols, mask=cols < q_limit, other=0.0)
-    for k in range(k_begin, k_end):
-        p = _sanitize(p_next)  # native dtype converted in registers
-        if HAS_DRAFT:
-            q = _sanitize(q_next)
-        cols = k * CHUNK + lane
-        cols_next = cols + CHUNK
-        p_next = tl.load(row_p + cols_next, mask=cols_next < p_limit, other=0.0)
-        if HAS_DRAFT:
-            q_next = tl.load(row_q + cols_next, mask=cols_next < q_limit, other=0.0)
-            res = tl.maximum(p - q, 0.0)
-        else:
-            res = tl.where(cols == removed, 0.0, p)
-        # float32 masses, as the reference: they only rank the chunks (docs/kernel.md).
-        w_res = tl.sum(res, axis=0)
-        w_p = tl.sum(p, axis=0)
-        u_race = philox_uniform(num_draft + 1 + k, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u_race.to(tl.float64))
-        key = _race_key(w_res, neg_log_u)
-        better = key < res_key  # strict: ties keep the lower chunk
-        res_key = tl.where(better, key, res_key)
-        res_chunk = tl.where(better, k, res_chunk)
-        res_vals = tl.where(better, res, res_vals)
-        key = _race_key(w_p, neg_log_u)
-        better = key < p_key
-        p_key = tl.where(better, key, p_key)
-        p_chunk = tl.where(better, k, p_chunk)
-        p_vals = tl.where(better, p, p_vals)
-
-    # ---- The token at e (the prefix and the -1s were written before the pass). ----
-    if SPLIT:
-        # Local winners of both races; the combine kernel picks the global ones.
-        res_token = res_chunk * CHUNK + _inverse_cdf(res_vals, u_cdf, CHUNK)
-        p_token = p_chunk * CHUNK + _inverse_cdf(p_vals, u_cdf, CHUNK)
-        slot = (b * num_splits + split) * 2
-        tl.store(split_key_ptr + slot, res_key)
-        tl.store(split_key_ptr + slot + 1, p_key)
-        tl.store(split_token_ptr + slot, res_token.to(tl.int32))
-        tl.store(split_token_ptr + slot + 1, p_token.to(tl.int32))
-        tl.store(split_e_ptr + b, e, mask=owner)
-    else:
-        use_res = res_key < float("inf")
+    row_q = draft_ptr + b * stride_db + tl.minimum(e64, num_draft - 1) * stride_dn
+    read_q = HAS_DRAFT & residual_at_e
+    k_begin = program.to(tl.int64) * chunks_per_program
+    k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
+    res_key, res_chunk, p_key, p_chunk = _races(
+        row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo, off_hi,
+        key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
+    # One inverse CDF, on the race that is used: the residual one wherever it has mass here (then
+    # it has mass overall, so it is the one used), else the p race.
+    use_res = res_key < float("inf")
+    chunk = tl.where(use_res, res_chunk, p_chunk)
+    values = _chunk_values(row_p, row_q, chunk, vocab, read_q & use_res,
+                           tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
+    token = (chunk * CHUNK + _inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+    if programs == 1:
         has_mass = use_res | (p_key < float("inf"))
-        vals = tl.where(use_res, res_vals, p_vals)  # one inverse CDF, on the race that is used
-        chunk = tl.where(use_res, res_chunk, p_chunk)
-        token = chunk * CHUNK + _inverse_cdf(vals, u_cdf, CHUNK)
-        tl.store(out_ptr + b * stride_ob + e, tl.where(has_mass, token, -1).to(tl.int32))
+        tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))
+    else:
+        _write_local_result(out_ptr, tl.num_programs(0), num_draft, b, program, programs, e,
+                            res_key, p_key, token)
 
 
-@triton.jit(do_not_specialize=["num_splits", "stride_ob"])
-def chain_speculative_sampling_combine_kernel(
-    split_key_ptr, split_token_ptr, split_e_ptr, out_ptr, num_splits, stride_ob,
-    BLOCK_S: tl.constexpr,
+@triton.jit
+def _scratch(out_ptr, batch, num_draft, programs):
+    """Where the scratch of a P > 1 launch lies, after the (B, N+1) int32 output in its allocation:
+    float64 (B, P, 2) keys (8-byte aligned), int32 (B, P) tokens, int32 (B,) e (launch.py sizes it)."""
+    keys_at = (batch * (num_draft + 1) + 1) // 2 * 2
+    keys_ptr = (out_ptr + keys_at).to(tl.pointer_type(tl.float64), bitcast=True)
+    tokens_ptr = out_ptr + keys_at + batch * programs * 4
+    e_ptr = tokens_ptr + batch * programs
+    return keys_ptr, tokens_ptr, e_ptr
+
+
+@triton.jit
+def _write_local_result(out_ptr, batch, num_draft, b, program, programs, e, res_key, p_key,
+                        token):
+    keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
+    slot = b * programs + program
+    tl.store(keys_ptr + slot * 2, res_key)
+    tl.store(keys_ptr + slot * 2 + 1, p_key)
+    tl.store(tokens_ptr + slot, token)
+    if program == 0:
+        tl.store(e_ptr + b, e)
+
+
+@triton.jit(do_not_specialize=["out_ptr", "batch", "num_draft", "programs"])
+def combine_kernel(
+    out_ptr,  # (B, N+1) int32, followed by the scratch (_scratch)
+    batch, num_draft, programs, BLOCK_P: tl.constexpr,
 ):
-    """Global winner of each race over the S local winners (lowest key; ties: lowest split, which
-    holds the lower chunks) and output[b, e] = its token (-1 when neither race has mass)."""
+    """output[b, e] = the token of the global winner over the P local results (lowest key; ties:
+    lowest program, which holds the lower chunks): the residual race when it has mass anywhere,
+    else the p race, else -1."""
     b = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
-    in_range = s < num_splits
-    base = (b * num_splits + s) * 2
-    res_keys = tl.load(split_key_ptr + base, mask=in_range, other=float("inf"))
-    p_keys = tl.load(split_key_ptr + base + 1, mask=in_range, other=float("inf"))
-    res_best = tl.min(res_keys, axis=0)
-    p_best = tl.min(p_keys, axis=0)
-    res_split = tl.min(tl.where(in_range & (res_keys == res_best), s, BLOCK_S), axis=0)
-    p_split = tl.min(tl.where(in_range & (p_keys == p_best), s, BLOCK_S), axis=0)
-    use_res = res_best < float("inf")
-    has_mass = use_res | (p_best < float("inf"))
-    winner = tl.where(use_res, (b * num_splits + res_split) * 2, (b * num_splits + p_split) * 2 + 1)
-    token = tl.load(split_token_ptr + winner, mask=has_mass, other=-1)
-    e = tl.load(split_e_ptr + b)
-    tl.store(out_ptr + b * stride_ob + e, tl.where(has_mass, token, -1))
+    keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
+    s = tl.arange(0, BLOCK_P)
+    in_range = s < programs
+    slot = b * programs + s
+    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
+    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
+    use_res = tl.min(res_keys, axis=0) < float("inf")
+    keys = tl.where(use_res, res_keys, p_keys)
+    best = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK_P), axis=0)
+    token = tl.load(tokens_ptr + b * programs + winner)
+    e = tl.load(e_ptr + b)
+    tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(best < float("inf"), token, -1))

@@ -1,4 +1,5 @@
-"""Launching the chain kernels: grid, programs per request, scratch, and the launch options."""
+"""Launching the chain kernel: programs per request (occupancy.py), the output with its scratch in
+one allocation, and a launch that skips Triton's argument binder once a specialisation is loaded."""
 
 from __future__ import annotations
 
@@ -6,29 +7,36 @@ import torch
 import triton
 
 from ..core.race import CHUNK_SIZE, num_chunks
-from .kernel import chain_speculative_sampling_combine_kernel, chain_speculative_sampling_kernel
+from . import slots
+from .kernel import chain_speculative_sampling_kernel, combine_kernel
+from .occupancy import MAX_PROGRAMS_PER_REQUEST, NUM_WARPS, programs_per_request
 
-# Aim for about this many programs in flight (H100/H200: 132 SMs, ~4 programs each) when the batch
-# alone cannot fill the GPU. A function of B and K only, so the launch is reproducible.
-TARGET_PROGRAMS = 512
-# Most programs one request is split over; the combine kernel reads them in one block.
-MAX_SPLITS = 256
-NUM_WARPS = 4  # 128 threads x 8 values of a 1024-value chunk: 16-byte loads even for bf16/fp16
+# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
+GROUP = 128
 # How the kernels are built (tests/test_triton_compile.py compiles with the same options). No
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": False}
 COMBINE_LAUNCH_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 4}
+# Arguments Triton specialises on 16-divisibility (the row pass's 16-byte loads need them).
+ROW_ARGUMENTS = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
+                 "stride_dn")
 
 
-def choose_num_splits(batch: int, vocab: int, requested: int | None = None) -> int:
-    """Programs per request: enough to fill the GPU at small B (or ``requested``), each with an
-    equal number of chunks and none without one."""
-    chunks = num_chunks(vocab)
-    if requested is None:
-        requested = TARGET_PROGRAMS // max(batch, 1)
-    splits = max(1, min(chunks, MAX_SPLITS, int(requested)))
-    per_program = triton.cdiv(chunks, splits)
-    return triton.cdiv(chunks, per_program)
+def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
+    """int32 words the output allocation holds past the (B, N+1) output when P > 1 (kernel._scratch):
+    8-byte alignment padding, float64 (B, P, 2) keys, int32 (B, P) tokens, int32 (B,) e."""
+    if programs == 1:
+        return 0
+    return (batch * (num_draft + 1)) % 2 + batch * programs * 5 + batch
+
+
+def _empty_output(batch, num_draft, programs, device):
+    """The (B, N+1) int32 output, contiguous, in an allocation that also holds the scratch: one
+    allocation per call, private to the call (safe on concurrent streams and in CUDA graphs)."""
+    size = batch * (num_draft + 1)
+    storage = torch.empty(size + scratch_int32s(batch, num_draft, programs), dtype=torch.int32,
+                          device=device)
+    return storage.as_strided((batch, num_draft + 1), (num_draft + 1, 1))
 
 
 def chain_speculative_sampling_triton(
@@ -39,56 +47,46 @@ def chain_speculative_sampling_triton(
     emitted_num: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
-    num_splits: int | None = None,
+    programs: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
 
-    ``num_splits`` overrides the programs per request (tests use it to show the output does not
-    depend on it); by default it is ``choose_num_splits(B, V)``.  No host synchronisation, and no
-    allocation beyond the output and a (B, S) scratch when S > 1.
+    ``programs`` overrides the programs per request (tests use it to show the output does not
+    depend on it); by default occupancy.programs_per_request chooses it.  No host synchronisation,
+    no allocation but the output's.
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
-    out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=target_probs.device)
+    has_draft = draft_probs is not None
+    chunks = num_chunks(vocab)
+    if programs is None:
+        programs = programs_per_request(batch, vocab, target_probs.dtype, has_draft)
+    programs = max(1, min(int(programs), chunks, MAX_PROGRAMS_PER_REQUEST))
+    per_program = triton.cdiv(chunks, programs)
+    programs = triton.cdiv(chunks, per_program)  # none without a chunk
+    out = _empty_output(batch, num_draft, programs, target_probs.device)
     if batch == 0:
         return out
     # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
     if target_probs.stride(2) != 1:
         target_probs = target_probs.contiguous()
-    if draft_probs is not None and draft_probs.stride(2) != 1:
+    if has_draft and draft_probs.stride(2) != 1:
         draft_probs = draft_probs.contiguous()
-
-    chunks = num_chunks(vocab)
-    splits = choose_num_splits(batch, vocab, num_splits)
-    per_program = triton.cdiv(chunks, splits)
-    split = splits > 1
-    if split:
-        split_key = torch.empty((batch, splits, 2), dtype=torch.float64, device=out.device)
-        split_token = torch.empty((batch, splits, 2), dtype=torch.int32, device=out.device)
-        split_e = torch.empty((batch,), dtype=torch.int32, device=out.device)
-    else:  # never dereferenced (SPLIT is a compile-time False)
-        split_key = split_token = split_e = out
-
-    has_draft = draft_probs is not None
     draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
     stride_db, stride_dn = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
-    chain_speculative_sampling_kernel[(batch, splits)](
+    seed_per_request = seed.numel() != 1
+    chain_speculative_sampling_kernel[(batch, programs)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        split_key, split_token, split_e,
-        num_draft, vocab, chunks, per_program, splits,
-        target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
+        num_draft, vocab, target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
         draft_token_ids.stride(0), draft_token_ids.stride(1), accepted_num.stride(0),
-        emitted_num.stride(0), out.stride(0),
-        0 if seed.numel() == 1 else seed.stride(0),
-        0 if offset.numel() == 1 else offset.stride(0),
-        int(seed.numel() != 1),
-        HAS_DRAFT=has_draft, SPLIT=split, BLOCK_N=triton.next_power_of_2(num_draft + 1),
+        emitted_num.stride(0), seed.stride(0) if seed_per_request else 0,
+        offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
+        slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
+        HAS_DRAFT=has_draft, BLOCK_N=triton.next_power_of_2(num_draft + 1), GROUP=GROUP,
         CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
     )
-    if split:
-        chain_speculative_sampling_combine_kernel[(batch,)](
-            split_key, split_token, split_e, out, splits, out.stride(0),
-            BLOCK_S=MAX_SPLITS, **COMBINE_LAUNCH_OPTIONS,
-        )
+    if programs > 1:
+        combine_kernel[(batch,)](out, batch, num_draft, programs,
+                                 BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **COMBINE_LAUNCH_OPTIONS)
     return out
