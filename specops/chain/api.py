@@ -11,7 +11,10 @@ from typing import Optional
 import torch
 
 from ..core.seeding import SeedLike, resolve_seed_and_offset
+from ..block import op as _block_op  # noqa: F401  (registers ...chain_block_speculative_sampling)
 from . import op as _op  # noqa: F401  (registers torch.ops.specops.chain_speculative_sampling)
+
+VERIFICATIONS = ("token", "block")
 
 def chain_speculative_sampling(
     draft_probs: Optional[torch.Tensor],
@@ -23,6 +26,7 @@ def chain_speculative_sampling(
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
+    verification: str = "token",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Speculative sampling over a chain of draft tokens (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -40,11 +44,16 @@ def chain_speculative_sampling(
         generator: draws (seed, offset) when ``seed`` is None (default: the device's generator).
         seed: int, or int64 tensor of 1 or B elements (per-request seeds: batch invariance).
         offset: int, or int64 tensor of 1 or B elements; default 0 (or drawn, when seed is None).
+        verification: "token" (each draft judged on its own: FlashInfer's behaviour) or "block"
+            (Sun et al. 2024, docs/block.md: the drafts judged as a block; as exact, and keeps at
+            least as many drafts on average).
 
     Returns:
         (output_token_ids (B, N + 1) int32 with -1 after the emitted tokens, accepted, emitted);
         the counters are the given tensors when given, new int32 tensors otherwise.
     """
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
     device = target_probs.device
     batch = target_probs.shape[0] if target_probs.dim() > 0 else 0
     accepted = maybe_output_accepted_token_num
@@ -55,7 +64,9 @@ def chain_speculative_sampling(
         emitted = torch.zeros(batch, dtype=torch.int32, device=device)
 
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
-    output = torch.ops.specops.chain_speculative_sampling(
+    op = (torch.ops.specops.chain_speculative_sampling if verification == "token"
+          else torch.ops.specops.chain_block_speculative_sampling)
+    output = op(
         draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t, offset_t,
         deterministic,
     )
