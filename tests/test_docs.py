@@ -5,7 +5,11 @@
   ``<!-- runnable -->`` line are executed, and those preceded by ``<!-- runnable-gpu -->`` are
   executed where CUDA is available (benchmarks/gpu_check.py runs this file on the GPU machine);
 * relative links in the docs point at files that exist;
-* ``python -m specops.demo`` at a small size prints its report and passes its lossless check;
+* the documented shell commands name files and demo flags that exist; the README's test command is
+  the one CI runs;
+* ``python -m specops.demo`` at small sizes (contributing.md's interpreter command too) prints its
+  report and passes its lossless check, fails it when the op is biased on purpose, and answers bad
+  flags with one line each;
 * ``benchmarks/benchmark.py --quick`` writes its CSV.
 """
 
