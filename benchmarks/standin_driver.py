@@ -1,0 +1,136 @@
+"""A stand-in CUDA driver: Triton's real launch path on a machine without a GPU.
+
+Installed as Triton's active driver, it lets ``kernel[grid](...)`` run everything a GPU launch runs
+on the host (the argument binder, specialisation, the kernel-cache lookup, an sm_90 compilation on
+a cache miss, Triton's own CUDA launcher object) up to the final C launch, which it replaces by a
+call that reads each tensor's ``data_ptr()`` (as the real launcher does) and launches nothing.
+Host time measured through it is the host time of a GPU launch, less the driver's C call.
+
+CPU tensors stand in for CUDA tensors: with ``SPECOPS_BACKEND=triton`` specops routes them to its
+Triton launcher. ``TRITON_INTERPRET`` must be unset before triton is imported (under the
+interpreter ``@triton.jit`` builds interpreter objects, not compilable kernels).
+
+    import standin_driver
+    driver = standin_driver.install()      # before the first launch
+    ...
+    driver.utils.modules_loaded            # binaries loaded so far (one per new specialisation)
+    driver.utils.launches                  # launches so far
+
+The tensors' contents are never computed: outputs are whatever ``torch.empty`` left there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    raise RuntimeError("standin_driver needs TRITON_INTERPRET unset: it drives compiled kernels")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.driver import GPUDriver  # noqa: E402
+from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
+
+# Hopper: H100/H200 figures the launch path reads (shared memory limit, threads per block).
+CAPABILITY = (9, 0)
+PROPERTIES = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132,
+              "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000,
+              "mem_bus_width": 5120}
+MAX_THREADS = 1024
+
+
+class KernelArg:
+    """Python twin of the C launcher's argument annotation (built from driver.c on a CUDA host)."""
+
+    __slots__ = ("nested_tuple", "type")
+
+    def __init__(self, nested_tuple, type):
+        self.nested_tuple = nested_tuple
+        self.type = type
+
+
+class StandinUtils:
+    """What Triton calls through ``driver.active.utils``, counted; no CUDA call is made."""
+
+    def __init__(self):
+        self.modules_loaded = 0
+        self.launches = 0
+
+    def load_binary(self, name, kernel, shared, device):
+        self.modules_loaded += 1
+        # (module, function, registers, spills, most threads per block)
+        return self.modules_loaded, self.modules_loaded, 0, 0, MAX_THREADS
+
+    def unload_module(self, module):
+        pass
+
+    def get_device_properties(self, device):
+        return dict(PROPERTIES)
+
+    def is_stream_capturing(self, stream):
+        return False
+
+    def build_signature_metadata(self, kernel_signature):
+        return tuple(kernel_signature)
+
+    def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
+               launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
+               arg_annotations, kernel_signature, kernel_args):
+        # The real launcher reads every pointer argument's address; so does this one.
+        for arg in kernel_args:
+            if isinstance(arg, torch.Tensor):
+                arg.data_ptr()
+        self.launches += 1
+
+
+class StandinDriver(GPUDriver):
+    """Triton's CUDA driver with the CUDA calls answered on the host: device 0, stream 0, sm_90."""
+
+    launcher_cls = nvidia_driver.CudaLauncher
+
+    def __init__(self):
+        self.utils = StandinUtils()
+
+    @staticmethod
+    def is_active():
+        return True
+
+    def get_current_device(self):
+        return 0
+
+    def set_current_device(self, device):
+        pass
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_device_capability(self, device=None):
+        return CAPABILITY
+
+    def get_current_target(self):
+        return GPUTarget("cuda", CAPABILITY[0] * 10 + CAPABILITY[1], 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_device_interface(self):
+        return torch.cuda
+
+    def map_python_to_cpp_type(self, ty):
+        return nvidia_driver.ty_to_cpp(ty)
+
+    def get_benchmarker(self):
+        raise RuntimeError("the stand-in driver launches nothing, so it cannot benchmark kernels")
+
+
+def install() -> StandinDriver:
+    """Make a new stand-in driver Triton's active driver and return it."""
+    # Triton's CUDA launcher annotates arguments with classes its C module defines on a CUDA host.
+    if nvidia_driver.PyKernelArg is None:
+        nvidia_driver.PyKernelArg = KernelArg
+        nvidia_driver.ARG_CONSTEXPR, nvidia_driver.ARG_KERNEL, nvidia_driver.ARG_TUPLE = 0, 1, 2
+    driver = StandinDriver()
+    triton.runtime.driver.set_active(driver)
+    return driver
