@@ -40,6 +40,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from common import (DTYPES, can_graph, copy_bandwidth, eager_chain_sampling, make_inputs, needed_bytes,
+                    time_eager, time_graph)
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 L2_BYTES = 60 * 2**20  # an H100/H200 has 50-60 MB of L2: the inputs rotate through more than twice this
@@ -257,12 +262,10 @@ def grid_points(rehearse: bool) -> list[tuple[int, int, int]]:
 
 
 def grid(dtype_name: str, rehearse: bool, budget_s: float) -> int:
-    import torch  # the child imports torch (and Triton, through specops) itself
-
+    # specops (and Triton with it) is imported here, in the step's own process, whose environment
+    # the entry set (TRITON_INTERPRET on a rehearsal).
     import specops  # noqa: F401  (registers torch.ops.specops.chain_speculative_sampling)
-    from common import (DTYPES, can_graph, copy_bandwidth, eager_chain_sampling, make_inputs, needed_bytes,
-                        time_eager, time_graph)
-    from specops.chain.launch import choose_num_splits
+    from specops.chain.occupancy import programs_per_request
 
     deadline = time.monotonic() + budget_s
     device = torch.device("cpu" if rehearse else "cuda")
@@ -275,7 +278,7 @@ def grid(dtype_name: str, rehearse: bool, budget_s: float) -> int:
     gen = torch.Generator(device=device).manual_seed(0)
     max_bytes = 2**20 if rehearse else 24 * 2**30  # inputs held at once
     path = out_dir() / "grid.csv"
-    fields = ["dtype", "B", "N", "V", "splits", "copies", "needed_MB", "ours_eager_us", "base_eager_us",
+    fields = ["dtype", "B", "N", "V", "programs", "copies", "needed_MB", "ours_eager_us", "base_eager_us",
               "speedup_eager", "ours_graph_us", "base_graph_us", "speedup_graph", "graph_TBps",
               "fraction_of_copy", "copy_TBps", "device"]
     new_file = not path.exists()
@@ -288,9 +291,8 @@ def grid(dtype_name: str, rehearse: bool, budget_s: float) -> int:
                 print(f"time budget spent: the {dtype_name} grid stops before B={batch} N={num_draft} V={vocab}",
                       flush=True)
                 return 0
-            row = measure_point(torch, batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs,
-                                (eager_chain_sampling, make_inputs, needed_bytes, time_eager, time_graph,
-                                 choose_num_splits))
+            row = measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs,
+                                programs_per_request)
             row.update(dtype=dtype_name, fraction_of_copy=fmt(row.pop("achieved") / copy_bw),
                        copy_TBps=fmt(copy_bw / 1e12), device=device.type)
             writer.writerow(row)
@@ -303,9 +305,8 @@ def fmt(value: float) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.4g}"
 
 
-def measure_point(torch, batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs, helpers) -> dict:
+def measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs, programs_per_request) -> dict:
     """One grid point: our op and the eager baseline, eagerly and (on CUDA) under graph replay."""
-    eager_chain_sampling, make_inputs, needed_bytes, time_eager, time_graph, choose_num_splits = helpers
     one_set = batch * (2 * num_draft + 1) * vocab * torch.finfo(dtype).bits // 8
     copies = max(1, min(16, -(-2 * L2_BYTES // one_set), max_bytes // one_set))
     sets = [make_inputs(batch, num_draft, vocab, dtype, device, gen) for _ in range(copies)]
@@ -338,7 +339,7 @@ def measure_point(torch, batch, num_draft, vocab, dtype, device, gen, max_bytes,
         torch.cuda.empty_cache()
     best = ours_graph if graphs else ours_eager
     return {
-        "B": batch, "N": num_draft, "V": vocab, "splits": choose_num_splits(batch, vocab), "copies": copies,
+        "B": batch, "N": num_draft, "V": vocab, "programs": programs_per_request(batch, vocab, dtype, True), "copies": copies,
         "needed_MB": fmt(moved / 1e6), "ours_eager_us": fmt(ours_eager * 1e6),
         "base_eager_us": fmt(base_eager * 1e6), "speedup_eager": fmt(base_eager / ours_eager),
         "ours_graph_us": fmt(ours_graph * 1e6), "base_graph_us": fmt(base_graph * 1e6),
