@@ -23,9 +23,9 @@ from ..core.philox import philox_uniform, split_int64
 
 @triton.jit
 def _sanitize(x):
-    """float32 value if finite and > 0, else 0 (NaN compares false, so it becomes 0)."""
-    x = x.to(tl.float32)
-    return tl.where((x > 0) & (x < float("inf")), x, 0.0)
+    """float32 value if finite and > 0, else 0: max(x, 0) turns NaN and negatives into 0."""
+    x = tl.maximum(x.to(tl.float32), 0.0)
+    return tl.where(x < float("inf"), x, 0.0)
 
 
 @triton.jit
@@ -78,17 +78,20 @@ def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_
 @triton.jit
 def _masses_p(row_p, first, count, vocab, GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """float32 masses of sanitised p over chunks first .. first + count - 1 (count <= GROUP), chunk
-    first + i in slot i: the row loop when q_e is not read."""
+    first + i in slot i: the row loop when q_e is not read.  The next chunk is loaded (into
+    registers) before the current one is reduced, so two chunks per program are in flight."""
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     masses = tl.zeros([GROUP], tl.float32)
     ptr = row_p + first * CHUNK
     left = vocab - first * CHUNK  # values of the row from this chunk on
+    p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
     for i in range(count):
-        p = _sanitize(tl.load(ptr + lane, mask=lane < left, other=0.0))
-        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
+        p = _sanitize(p_next)
         ptr += CHUNK
         left -= CHUNK
+        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
+        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
     return masses
 
 
@@ -96,20 +99,25 @@ def _masses_p(row_p, first, count, vocab, GROUP: tl.constexpr, CHUNK: tl.constex
 def _masses_residual(row_p, row_q, first, count, vocab, GROUP: tl.constexpr,
                      CHUNK: tl.constexpr):
     """float32 masses of the residual max(p - q, 0) and of p over chunks first .. first + count - 1,
-    chunk first + i in slot i: the row loop when q_e is read."""
+    chunk first + i in slot i: the row loop when q_e is read (next chunk prefetched, as above)."""
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     res_masses = tl.zeros([GROUP], tl.float32)
     p_masses = tl.zeros([GROUP], tl.float32)
     offset = first * CHUNK
     left = vocab - offset
+    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
+    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
     for i in range(count):
-        p = _sanitize(tl.load(row_p + offset + lane, mask=lane < left, other=0.0))
-        q = _sanitize(tl.load(row_q + offset + lane, mask=lane < left, other=0.0))
-        res_masses = tl.where(slot == i, tl.sum(tl.maximum(p - q, 0.0), axis=0), res_masses)
-        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
+        p = _sanitize(p_next)
+        q = _sanitize(q_next)
         offset += CHUNK
         left -= CHUNK
+        in_range = lane < tl.where(i + 1 < count, left, 0)
+        p_next = tl.load(row_p + offset + lane, mask=in_range, other=0.0)
+        q_next = tl.load(row_q + offset + lane, mask=in_range, other=0.0)
+        res_masses = tl.where(slot == i, tl.sum(tl.maximum(p - q, 0.0), axis=0), res_masses)
+        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
     return res_masses, p_masses
 
 

@@ -1,0 +1,187 @@
+"""Instruction budget of the chain kernel's row loops, read from its SASS (sm_90 compile, no GPU).
+
+The row pass streams 1024-value chunks; on an H200 an SM issues at most 4 warp-instructions per
+cycle, so a loop that spends I warp-instructions per byte cannot go faster than
+132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does.  This compiles every variant of the
+kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with the
+launcher's own options, disassembles it with line information (nvdisasm, shipped with Triton),
+finds each row loop (an innermost loop of the functions kernel._masses_p / _masses_residual),
+counts its instructions, and prints per variant the instructions per byte and that bound.
+
+    python benchmarks/sass_budget.py            # the table (about 20 s)
+
+Variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice the
+bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
+tests/test_triton_compile.py asserts GOAL for every variant with these functions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SMS = 132
+ISSUE_PER_CYCLE = 4  # warp-instructions per cycle per SM (4 schedulers)
+CLOCK_HZ = 1.98e9
+HBM_BYTES_PER_S = 4.8e12
+GOAL_BYTES_PER_S = 1.25 * HBM_BYTES_PER_S  # issue must never be what limits the row pass
+PROB_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}  # name -> bytes per value
+CHUNK = 1024
+
+
+def issue_bound(instructions_per_byte: float) -> float:
+    """Bytes/s an H200 can stream when every byte costs that many warp-instructions."""
+    return SMS * ISSUE_PER_CYCLE * CLOCK_HZ / instructions_per_byte
+
+
+def tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
+    """triton.compile of the main kernel as the launcher would specialise it (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specops.chain.kernel import chain_speculative_sampling_kernel as kernel
+    from specops.chain.launch import GROUP, LAUNCH_OPTIONS, ROW_ARGUMENTS
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
+             "offset_ptr": "*i64", "out_ptr": "*i32"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK}
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        if aligned and name in ROW_ARGUMENTS:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+
+
+def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(label or '', instruction text, kernel.py source lines of it, innermost first) per line of
+    SASS; labels come as ('.L_x_3', '', ())."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool("nvdisasm"), "-c", "-gi", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    rows, lines, after_comment = [], (), False
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("//## File"):  # one instruction's inlining chain, over lines
+            found = tuple(int(n) for n in re.findall(r'kernel\.py", line (\d+)', raw))
+            lines = lines + found if after_comment else found
+            after_comment = True
+            continue
+        after_comment = False
+        if re.match(r"^\.L_x_\d+:", raw.strip()):
+            rows.append((raw.strip()[:-1], "", ()))
+        else:
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", raw)
+            if m:
+                rows.append(("", m.group(1), lines))
+    return rows
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """REG, SHARED, STACK, LOCAL of the kernel (cuobjdump --dump-resource-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool("cuobjdump"), "--dump-resource-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|SHARED|STACK|LOCAL):(\d+)", text)}
+
+
+def innermost_loops(rows):
+    """[(first, last)] row indices of loops: a branch back to a label, with no loop inside."""
+    where = {label: i for i, (label, _, _) in enumerate(rows) if label}
+    loops = []
+    for i, (_, text, _) in enumerate(rows):
+        m = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+        if m and where.get(m.group(1), i) < i:
+            loops.append((where[m.group(1)], i))
+    return [(a, b) for a, b in loops if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
+
+
+def function_lines(fn) -> range:
+    source, first = inspect.getsourcelines(fn.fn)
+    return range(first, first + len(source))
+
+
+def row_loops(kernel) -> dict[str, dict]:
+    """The row loops of a compiled kernel, by the function they come from: instructions per
+    iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
+    from specops.chain import kernel as source
+
+    functions = {"p": function_lines(source._masses_p),
+                 "residual": function_lines(source._masses_residual)}
+    rows = disassemble(kernel.asm["cubin"])
+    found = {}
+    for first, last in innermost_loops(rows):
+        body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
+        for name, span in functions.items():
+            if any(line in span for _, lines in body for line in lines):
+                found[name] = {
+                    "instructions": len(body),
+                    "loads16": sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body),
+                    "opcodes": [t.split()[0] if not t.startswith("@") else t.split()[1]
+                                for t, _ in body],
+                }
+    return found
+
+
+def budget(prob: str, draft: bool, kernel=None) -> list[dict]:
+    """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
+    instructions per byte (all warps of a program) and the issue-bound bandwidth."""
+    from specops.chain.launch import NUM_WARPS
+
+    kernel = kernel or compile_main(prob, draft)
+    elem = PROB_DTYPES[prob]
+    out = []
+    for name, loop in sorted(row_loops(kernel).items()):
+        rows_read = 2 if name == "residual" else 1
+        chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (NUM_WARPS * 32))
+        per_chunk = loop["instructions"] / chunks
+        chunk_bytes = rows_read * CHUNK * elem
+        per_byte = per_chunk * NUM_WARPS / chunk_bytes
+        out.append({"variant": f"{prob} draft={'given' if draft else 'None'} "
+                               f"{'residual read' if name == 'residual' else 'p only'}",
+                    "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
+                    "bytes_per_chunk": chunk_bytes, "instructions_per_byte": per_byte,
+                    "issue_bound": issue_bound(per_byte)})
+    return out
+
+
+def main() -> int:
+    os.environ.pop("TRITON_INTERPRET", None)
+    print(f"{'variant':38} {'instr/chunk/warp':>16} {'bytes/chunk':>11} {'instr/byte':>10} "
+          f"{'issue bound':>12}")
+    ok = True
+    for prob in PROB_DTYPES:
+        kernel_by_draft = {draft: compile_main(prob, draft) for draft in (True, False)}
+        for draft, kernel in kernel_by_draft.items():
+            for row in budget(prob, draft, kernel):
+                ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+                print(f"{row['variant']:38} {row['instructions_per_chunk']:16.1f} "
+                      f"{row['bytes_per_chunk']:11d} {row['instructions_per_byte']:10.4f} "
+                      f"{row['issue_bound'] / 1e12:9.2f} TB/s")
+            print(f"{'':38} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
