@@ -12,6 +12,7 @@ deterministic.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -122,3 +123,63 @@ def test_detector_catches_unweighted_residual(vocab, num_draft, seed, scale):
     p, q = make_world(vocab, num_draft, seed, scale)
     tokens, _ = decode(broken_block_op, p, q, num_draft, 20000, seed)
     assert joint_pvalue(tokens, p) < P_THRESHOLD
+
+
+# ----------------------------------------------------------------------------------------------
+# Block verification keeps at least as many drafts as token verification, in expectation.
+
+
+def exact_emitted(p, q):
+    """(E[tau], E[tau^2]) of block verification and (E[e], E[e^2]) of token verification for one
+    call with target rows p (N+1, V), draft rows q (N, V) and drafts drawn from q: enumeration of
+    every draft, with the paper's formulas written out here in float64 (not the op's code)."""
+    num_draft, vocab = q.shape
+    block_moments = torch.zeros(2, dtype=torch.float64)
+    for drafts in itertools.product(range(vocab), repeat=num_draft):
+        prob, w, h = 1.0, 1.0, []
+        for t, d in enumerate(drafts, start=1):
+            prob *= float(q[t - 1, d])
+            w = min(1.0, w * float(p[t - 1, d]) / float(q[t - 1, d]))
+            nxt = q[t] if t < num_draft else torch.zeros(vocab, dtype=torch.float64)
+            m = float((w * p[t] - nxt).clamp_min(0).sum())
+            h.append(1.0 if m + 1 - w == 0 else m / (m + 1 - w))
+        for tau in range(1, num_draft + 1):
+            chance = h[tau - 1] * math.prod(1 - x for x in h[tau:])
+            block_moments += prob * chance * torch.tensor([tau, tau * tau], dtype=torch.float64)
+    beta = torch.minimum(p[:num_draft], q).sum(-1)
+    reach = torch.cumprod(beta, 0)  # P(e >= k), k = 1..N
+    k = torch.arange(1, num_draft + 1, dtype=torch.float64)
+    token_moments = torch.stack([reach.sum(), ((2 * k - 1) * reach).sum()])
+    return block_moments, token_moments
+
+
+def test_block_keeps_at_least_as_many_drafts_in_expectation():
+    gains = []
+    for seed in range(60):
+        vocab, num_draft = 3 + seed % 2, 2 + seed % 2
+        g = torch.Generator().manual_seed(seed)
+        scale = 0.5 + 2.5 * float(torch.rand(1, generator=g))
+        p = torch.softmax(scale * torch.randn(num_draft + 1, vocab, generator=g, dtype=torch.float64), -1)
+        q = torch.softmax(scale * torch.randn(num_draft, vocab, generator=g, dtype=torch.float64), -1)
+        block_moments, token_moments = exact_emitted(p, q)
+        assert block_moments[0] >= token_moments[0] - 1e-12, seed
+        gains.append(float(block_moments[0] - token_moments[0]))
+    assert sum(gains) / len(gains) > 0.01  # strictly more on average
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_op_emits_the_exact_expectation(verification):
+    """The op's mean emitted count matches the enumeration (a normal test on 20000 requests)."""
+    vocab, num_draft, requests = 4, 3, 20000
+    p, q = make_world(vocab, num_draft, 1, 2.0)
+    p, q = p[: num_draft + 1], q[:num_draft]
+    block_moments, token_moments = exact_emitted(p, q)
+    mean, second = block_moments if verification == "block" else token_moments
+    g = torch.Generator().manual_seed(3)
+    ids = torch.multinomial(q.float(), requests, replacement=True, generator=g).T.contiguous()
+    target = p.float().expand(requests, -1, -1)
+    draft = q.float().expand(requests, -1, -1)
+    _, _, emitted = specops.chain_speculative_sampling(draft, ids, target, seed=11,
+                                                        verification=verification)
+    observed = emitted.double().mean().item()
+    assert normal_pvalue(observed, float(mean), float(second - mean**2), requests) > P_THRESHOLD
