@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.run_step:
         return run_step_here(args.run_step, args.rehearse, args.budget_s)
+    if not args.rehearse and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device is visible; the GPU check needs one "
+                         "(--rehearse runs its steps on CPU)")
     out = out_dir()
     env = child_env(args.rehearse)
     names = args.step or [step.name for step in STEPS]

@@ -103,3 +103,10 @@ def test_gpu_check_rehearsal(tmp_path):
     assert "CUDA-graph timings skipped" in (tmp_path / "grid-float32.log").read_text()
     assert '"mismatched": 0' in (tmp_path / "agreement.log").read_text()
     assert "| grid-float32 | passed |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_gpu_check_without_cuda_says_so_in_one_line(tmp_path):
+    proc = run_script([str(BENCH / "gpu_check.py")], 60, env={"OUT": str(tmp_path)})
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "no CUDA device is visible" in proc.stderr and "--rehearse" in proc.stderr
