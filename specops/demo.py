@@ -118,8 +118,10 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
 class Decoder:
     """Static buffers plus the two decode steps; every step updates the buffers in place."""
 
-    def __init__(self, models: NgramModels, prompts: torch.Tensor, length: int, draft_len: int):
+    def __init__(self, models: NgramModels, prompts: torch.Tensor, length: int, draft_len: int,
+                 verification: str = "token"):
         self.models = models
+        self.verification = verification  # "token" or "block" (docs/block.md)
         self.n = draft_len
         self.batch = prompts.shape[0]
         self.prompt_len = prompts.shape[1]
@@ -176,7 +178,8 @@ class Decoder:
         # seed=None: the wrapper draws seed and offset with a device-side op, traced by
         # torch.compile and redrawn on every CUDA-graph replay (a Python int would be frozen).
         output, _, _ = specops.chain_speculative_sampling(
-            draft_probs, draft_ids, target_probs, self.accepted, self.emitted
+            draft_probs, draft_ids, target_probs, self.accepted, self.emitted,
+            verification=self.verification,
         )
         self._append(output.long(), (output >= 0).sum(dim=1))
 
@@ -320,6 +323,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="torch.compile backend for the decode steps (e.g. inductor, aot_eager); auto: "
                              "inductor plus a CUDA graph on cuda, no compiling on cpu, where compiled "
                              "steps this small run slower than eager ones")
+    parser.add_argument("--verification", choices=("token", "block"), default="token",
+                        help="judge each draft alone (token) or the drafts as a block (docs/block.md)")
     parser.add_argument("--no-compile", action="store_true", help="run the steps eagerly on any device")
     return parser.parse_args(argv)
 
@@ -352,7 +357,7 @@ def main(argv=None) -> dict:
     prompt_len = 8
     starts = torch.randint(0, len(text) - prompt_len, (args.batch_size,)).tolist()
     prompts = torch.tensor([models.encode(text[s : s + prompt_len]) for s in starts], device=device)
-    decoder = Decoder(models, prompts, args.length, args.draft_len)
+    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification)
     check_every = 8 if device.type == "cuda" else 1
 
     spec_run, spec_setup_s = make_runner(decoder.speculative_step, decoder, device, backend)
@@ -391,7 +396,8 @@ def main(argv=None) -> dict:
     print(f"\nsample, prompt + generated: {prompt!r} + {continuation!r}")
     print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
           f"N = {args.draft_len} draft characters per step")
-    print(f"  characters per target call   {per_call:.2f}  (target-only: 1)")
+    print(f"  characters per target call   {per_call:.2f}  "
+          f"(target-only: 1; {args.verification} verification)")
     print(f"  lossless check               {verdict}")
     print(f"  drafts kept per step         {kept_per_step:.2f} of {args.draft_len}  "
           f"(the accepted prefix; each step adds one more character)")
