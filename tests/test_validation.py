@@ -145,7 +145,7 @@ def test_mixed_devices_named():
         bad = dict(args)
         bad[name] = args[name].to("meta")
         with pytest.raises(ValueError, match=rf"^{name} must be on the same device as target_probs \(cpu\); got meta"):
-            check_arguments(*[bad[k] for k in ARG_ORDER])
+            check_arguments(**bad)
 
 
 def test_wrapper_errors():

@@ -1,7 +1,14 @@
 """``specops.chain_speculative_sampling``: the FlashInfer-compatible public function.
 
-A thin wrapper over ``torch.ops.specops.chain_speculative_sampling``: it allocates the counters when
-none are given and turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors.
+It allocates the counters when none are given, turns ``seed`` / ``offset`` / ``generator`` into the
+op's int64 tensors, checks the arguments under the names the caller used, and runs the registered
+op ``torch.ops.specops.chain_speculative_sampling`` (or its block twin).
+
+A plain eager call (real tensors, nothing tracing or intercepting it) skips the dispatcher and calls
+the op's eager entry itself: the same checks and kernels, at a fraction of the host time
+(docs/performance.md, "Host time per call"). Anything that may be recording the call (Dynamo,
+FX/make_fx, fake or other tensor subclasses, dispatch and function modes, functorch transforms,
+the TorchScript tracer) gets the registered op, which is what graphs hold.
 """
 
 from __future__ import annotations
@@ -10,9 +17,31 @@ from typing import Optional
 
 import torch
 
+from ..block import op as _block_op
+from ..core.checks import ArgumentNames, check_arguments, check_counters_apart
 from ..core.seeding import SeedLike, resolve_seed_and_offset
-from ..block import op as _block_op  # noqa: F401  (registers ...chain_block_speculative_sampling)
-from . import op as _op  # noqa: F401  (registers torch.ops.specops.chain_speculative_sampling)
+from . import op as _op
+
+# The names errors give the arguments: the ones this function's caller used.
+PUBLIC_NAMES = ArgumentNames(
+    accepted_num="maybe_output_accepted_token_num",
+    emitted_num="maybe_output_emitted_draft_token_num",
+)
+_FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
+
+
+def _plain_eager(*tensors) -> bool:
+    """Whether nothing but eager execution can see this call: every tensor is a plain
+    torch.Tensor, and no compiler, mode, transform or tracer is active."""
+    for t in tensors:
+        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+            return False
+    return not (torch.compiler.is_compiling()
+                or torch._C._len_torch_dispatch_stack()
+                or torch._C._len_torch_function_stack()
+                or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTORCH_ACTIVE)
+                or torch._C._get_tracing_state() is not None)
+
 
 VERIFICATIONS = ("token", "block")
 
@@ -54,6 +83,8 @@ def chain_speculative_sampling(
     """
     if verification not in VERIFICATIONS:
         raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
+    if not isinstance(target_probs, torch.Tensor):
+        raise TypeError(f"target_probs must be a tensor; got {type(target_probs).__name__}")
     device = target_probs.device
     batch = target_probs.shape[0] if target_probs.dim() > 0 else 0
     accepted = maybe_output_accepted_token_num
@@ -63,11 +94,20 @@ def chain_speculative_sampling(
     if emitted is None:
         emitted = torch.zeros(batch, dtype=torch.int32, device=device)
 
-    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
-    op = (torch.ops.specops.chain_speculative_sampling if verification == "token"
-          else torch.ops.specops.chain_block_speculative_sampling)
-    output = op(
-        draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t, offset_t,
-        deterministic,
-    )
+    eager = _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed, offset)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
+    check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
+                    target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
+                    seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
+    verifier = (_op.chain_speculative_sampling_op if verification == "token"
+                else _block_op.chain_block_speculative_sampling_op)
+    if eager:
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted,
+                             draft_token_ids=draft_token_ids, seed=seed_t, offset=offset_t,
+                             names=PUBLIC_NAMES)
+        output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
+                              seed_t, offset_t, PUBLIC_NAMES)
+        return output, accepted, emitted
+    output = verifier.op(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
+                         offset_t, deterministic)
     return output, accepted, emitted

@@ -8,9 +8,45 @@ import torch
 
 SeedLike = Union[int, torch.Tensor, None]
 
+GENERATOR_UNDER_COMPILE = (
+    "generator= cannot be traced by torch.compile (Dynamo cannot pass a torch.Generator to an op). "
+    "Draw the seed and offset from the generator outside the compiled function and pass them as "
+    "tensors: drawn = torch.randint(-2**63, 2**63 - 1, (2,), dtype=torch.int64, device=device, "
+    "generator=generator); then seed=drawn[:1], offset=drawn[1:] gives the tokens generator= gives "
+    "in eager mode (docs/recipes.md, \"A torch.Generator under torch.compile\"). Or pass seed=None "
+    "without a generator: the device's default generator is traced."
+)
 
-def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+# int seeds and offsets as the one-element int64 tensors the ops take, per (value, device): a call
+# with an int seed then allocates nothing it does not return. The ops only read these tensors and
+# nobody else holds them, so sharing them is safe; entries are never evicted, because a CUDA graph
+# captured with one keeps reading its memory. Beyond CONSTANT_CACHE_SIZE values (say, an int
+# offset that grows every step) new values get a fresh tensor per call, as without a cache.
+CONSTANT_CACHE_SIZE = 256
+_constants: dict = {}
+
+
+def _constant(value: int, device: torch.device, cache: bool) -> torch.Tensor:
+    if not cache:
+        return torch.tensor([value], dtype=torch.int64, device=device)
+    key = (value, device)
+    tensor = _constants.get(key)
+    if tensor is None:
+        with torch.inference_mode(False), torch.no_grad():
+            tensor = torch.tensor([value], dtype=torch.int64, device=device)
+        if len(_constants) < CONSTANT_CACHE_SIZE:
+            _constants[key] = tensor
+    return tensor
+
+
+def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.device,
+                    cache: bool = False) -> torch.Tensor:
+    """``value`` as the 1-D int64 tensor on ``device`` an op takes. An int64 1-D tensor on the
+    device is returned as it is (a CUDA graph reads its current values at every replay); other
+    tensors are converted by a copy (docs/recipes.md: what that means in a CUDA graph)."""
     if isinstance(value, torch.Tensor):
+        if value.dtype is torch.int64 and value.dim() == 1 and value.device == device:
+            return value
         if value.dtype not in (torch.int32, torch.int64) or value.dim() > 1:
             raise TypeError(
                 f"{name} must be an int or a 0-D/1-D int64 (or int32) tensor; "
@@ -23,7 +59,7 @@ def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.de
         raise ValueError(f"{name} must fit in 64 bits; got {value}")
     if value >= 2**63:  # a uint64 seed: keep its bits
         value -= 2**64
-    return torch.tensor([value], dtype=torch.int64, device=device)
+    return _constant(value, device, cache)
 
 
 def random_seed_and_offset(
@@ -34,6 +70,8 @@ def random_seed_and_offset(
     Drawn by a device-side random op, not read on the host: reproducible under torch.manual_seed,
     fresh on every call, and fresh on every replay of a captured CUDA graph.
     """
+    if generator is not None and torch.compiler.is_compiling():
+        raise TypeError(GENERATOR_UNDER_COMPILE)
     # torch.randint (unlike Tensor.random_) also traces under torch.compile(fullgraph=True).
     drawn = torch.randint(
         -(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device, generator=generator
@@ -42,15 +80,19 @@ def random_seed_and_offset(
 
 
 def resolve_seed_and_offset(
-    seed: SeedLike, offset: SeedLike, generator: Optional[torch.Generator], device: torch.device
+    seed: SeedLike, offset: SeedLike, generator: Optional[torch.Generator], device: torch.device,
+    cache: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (seed, offset) int64 tensors an op takes (docs/randomness.md, "When no seed is given")."""
+    """The (seed, offset) int64 tensors an op takes (docs/randomness.md, "When no seed is given").
+
+    cache: share the tensors of int values between calls (plain eager calls only: a traced call
+    must build its own, so that the graph holds them as constants)."""
     if seed is None:
         seed_t, offset_t = random_seed_and_offset(generator, device)
     else:
-        seed_t, offset_t = as_int64_tensor("seed", seed, device), None
+        seed_t, offset_t = as_int64_tensor("seed", seed, device, cache), None
     if offset is not None:
-        offset_t = as_int64_tensor("offset", offset, device)
+        offset_t = as_int64_tensor("offset", offset, device, cache)
     elif offset_t is None:
-        offset_t = torch.zeros(1, dtype=torch.int64, device=device)
+        offset_t = _constant(0, device, cache)
     return seed_t, offset_t
