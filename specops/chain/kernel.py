@@ -171,6 +171,14 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
            CHUNK: tl.constexpr):
     """Best (key, chunk) of the residual race and of the p race over chunks [k_begin, k_end), in
     groups of GROUP chunks: masses first, then the group's race uniforms and keys as vectors."""
+    # Draft None: the residual (p without the removed token) differs from p in one chunk only;
+    # its mass is taken here, before the row pass, so nothing of it stays live across the loop.
+    removed_chunk = tl.where(removed >= 0, removed // CHUNK, -1)
+    removed_mass = 0.0
+    if not HAS_DRAFT:
+        if (removed_chunk >= k_begin) & (removed_chunk < k_end):
+            removed_mass = tl.sum(_chunk_values(row_p, row_q, removed_chunk, vocab, False,
+                                                removed, False, CHUNK), axis=0)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -183,13 +191,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
                                                     CHUNK)
         else:
             p_masses = _masses_p(row_p, first, count, vocab, GROUP, CHUNK)
-            res_masses = p_masses
-            if not HAS_DRAFT:  # p without the removed token differs from p in its chunk only
-                removed_slot = removed // CHUNK - first
-                if (removed >= 0) & (removed_slot >= 0) & (removed_slot < count):
-                    res_mass = tl.sum(_chunk_values(row_p, row_q, first + removed_slot, vocab,
-                                                    False, removed, False, CHUNK), axis=0)
-                    res_masses = tl.where(slot == removed_slot, res_mass, p_masses)
+            res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u.to(tl.float64))
         res_key, res_chunk = _keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,

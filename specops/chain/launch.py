@@ -22,6 +22,12 @@ ROW_ARGUMENTS = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "
                  "stride_dn")
 
 
+def block_n(num_draft: int) -> int:
+    """Lanes of the acceptance vector: N drafts and the bonus position, at least 4 (with 2, ptxas
+    allocates more registers, which would cost a resident program per SM)."""
+    return max(4, triton.next_power_of_2(num_draft + 1))
+
+
 def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
     """int32 words the output allocation holds past the (B, N+1) output when P > 1 (kernel._scratch):
     8-byte alignment padding, float64 (B, P, 2) keys, int32 (B, P) tokens, int32 (B,) e."""
@@ -83,7 +89,7 @@ def chain_speculative_sampling_triton(
         emitted_num.stride(0), seed.stride(0) if seed_per_request else 0,
         offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
         slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
-        HAS_DRAFT=has_draft, BLOCK_N=triton.next_power_of_2(num_draft + 1), GROUP=GROUP,
+        HAS_DRAFT=has_draft, BLOCK_N=block_n(num_draft), GROUP=GROUP,
         CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
     )
     if programs > 1:

@@ -40,14 +40,21 @@ NUM_WARPS = 4
 # Most programs per request: the combine kernel reads them in one block.
 MAX_PROGRAMS_PER_REQUEST = 256
 # Registers per thread of the compiled kernel (Triton 3.9.0, sm_90, num_warps=4), by probability
-# dtype and draft_probs given; tests/test_triton_compile.py checks them against every variant.
+# dtype, draft_probs given, and V % 16 == 0 (16-byte row loads; else scalar loads and many more
+# registers). tests/test_triton_compile.py checks them against every variant it compiles.
 REGISTERS = {
-    (torch.float32, True): 64,
-    (torch.float32, False): 64,
-    (torch.float16, True): 64,
-    (torch.float16, False): 64,
-    (torch.bfloat16, True): 64,
-    (torch.bfloat16, False): 64,
+    (torch.float32, True, True): 56,
+    (torch.float32, False, True): 64,
+    (torch.float16, True, True): 56,
+    (torch.float16, False, True): 64,
+    (torch.bfloat16, True, True): 56,
+    (torch.bfloat16, False, True): 64,
+    (torch.float32, True, False): 110,
+    (torch.float32, False, False): 119,
+    (torch.float16, True, False): 96,
+    (torch.float16, False, False): 116,
+    (torch.bfloat16, True, False): 110,
+    (torch.bfloat16, False, False): 116,
 }
 
 
@@ -89,7 +96,7 @@ def best_plan(batch: int, chunks: int, resident: int, chunk_bytes: int) -> Launc
 
 @functools.lru_cache(maxsize=4096)
 def launch_plan(batch: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> LaunchPlan:
-    resident = resident_programs(REGISTERS[(dtype, has_draft)])
+    resident = resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)])
     chunk_bytes = CHUNK_SIZE * dtype.itemsize  # p_e only; reading q_e too scales every plan alike
     return best_plan(max(batch, 1), num_chunks(vocab), resident, chunk_bytes)
 
