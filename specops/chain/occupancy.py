@@ -33,8 +33,12 @@ REGISTER_ALLOCATION_UNIT = 256  # registers are given to a warp in blocks of 256
 BANDWIDTH = 4.8e12  # bytes/s, HBM3e peak
 # Launch, acceptance gathers and, with P > 1, the combine kernel: what a step costs at any size.
 LATENCY = 5e-6
-# Fixed work of a program beyond its chunks, in chunk reads (the winning chunk read again).
-TAIL_CHUNKS = 1
+# Fixed work of a program beyond its chunks, in chunk reads: the winning chunk read again (from
+# L2, just read) and the race keys of its chunks. An estimate, to be calibrated on a GPU.
+TAIL_CHUNKS = 0.5
+# The work fills the machine when there are at least this many chunk reads per program slot: with
+# fewer, a whole number of chunks per program cannot spread evenly (docs/kernel.md).
+FILL_CHUNKS_PER_SLOT = 10
 
 NUM_WARPS = 4
 # Most programs per request: the combine kernel reads them in one block.
@@ -56,6 +60,11 @@ REGISTERS = {
     (torch.bfloat16, True, False): 110,
     (torch.bfloat16, False, False): 116,
 }
+
+
+def slots(dtype: torch.dtype, has_draft: bool, vocab: int) -> int:
+    """Programs the whole machine holds at once."""
+    return SMS * resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)])
 
 
 def resident_programs(registers: int, num_warps: int = NUM_WARPS) -> int:
@@ -87,16 +96,17 @@ def plan(batch: int, chunks: int, resident: int, chunk_bytes: int, programs: int
 
 
 def best_plan(batch: int, chunks: int, resident: int, chunk_bytes: int) -> LaunchPlan:
-    """The plan of least predicted time (ties: fewer programs) over every distinct P."""
+    """The plan of least predicted time over every distinct P; of equal times, the busiest (the
+    wave model is coarse: a fuller machine is the safer bet), then the one with fewer programs."""
     candidates = {math.ceil(chunks / per) for per in range(1, chunks + 1)}
     plans = [plan(batch, chunks, resident, chunk_bytes, p) for p in sorted(candidates)
              if p <= MAX_PROGRAMS_PER_REQUEST]
-    return min(plans, key=lambda p: (p.time, p.programs_per_request))
+    return min(plans, key=lambda p: (p.time, -p.busy, p.programs_per_request))
 
 
 @functools.lru_cache(maxsize=4096)
 def launch_plan(batch: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> LaunchPlan:
-    resident = resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)])
+    resident = slots(dtype, has_draft, vocab) // SMS
     chunk_bytes = CHUNK_SIZE * dtype.itemsize  # p_e only; reading q_e too scales every plan alike
     return best_plan(max(batch, 1), num_chunks(vocab), resident, chunk_bytes)
 
