@@ -102,11 +102,11 @@ def chain_speculative_sampling(
     verifier = (_op.chain_speculative_sampling_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_op)
     if eager:
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted,
-                             draft_token_ids=draft_token_ids, seed=seed_t, offset=offset_t,
-                             names=PUBLIC_NAMES)
-        output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
-                              seed_t, offset_t, PUBLIC_NAMES)
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+        # Below autograd, as the dispatcher runs the op's kernel: the same bookkeeping.
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
+                                  seed_t, offset_t, PUBLIC_NAMES)
         return output, accepted, emitted
     output = verifier.op(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                          offset_t, deterministic)

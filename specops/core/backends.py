@@ -8,10 +8,31 @@ import torch
 
 BACKENDS = ("auto", "torch", "triton")
 
+# Read on every call (tests and users may change them between calls), so read cheaply: on POSIX,
+# os.environ keeps its values as bytes in ``_data`` and decodes them on every ``get``.
+_RAW_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+_DECODED: dict = {}  # name -> (the raw value object last seen, its decoded value)
+
+
+def read_environment(name: str) -> str | None:
+    """os.environ.get(name), decoding a value only when it changed."""
+    if _RAW_ENVIRON is None:
+        return os.environ.get(name)
+    raw = _RAW_ENVIRON.get(name.encode())  # the names are ASCII
+    if raw is None:
+        return None
+    seen = _DECODED.get(name)
+    if seen is None or seen[0] is not raw:
+        seen = _DECODED[name] = (raw, os.fsdecode(raw))
+    return seen[1]
+
 
 def selected_backend(device: torch.device) -> str:
     """'torch' or 'triton' for tensors on ``device``, honouring SPECOPS_BACKEND."""
-    choice = os.environ.get("SPECOPS_BACKEND", "auto").strip().lower() or "auto"
+    value = read_environment("SPECOPS_BACKEND")
+    choice = "auto" if value is None else (value.strip().lower() or "auto")
     if choice not in BACKENDS:
         raise ValueError(f"SPECOPS_BACKEND must be one of {', '.join(BACKENDS)}; got {choice!r}")
     if choice == "auto":

@@ -9,10 +9,11 @@ is the opt-in ``SPECOPS_VALIDATE=1`` mode (docs/api.md, "Environment variables")
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
+
+from .backends import read_environment
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -56,18 +57,36 @@ def _device_error(name: str, t: torch.Tensor, device: torch.device) -> ValueErro
     return ValueError(f"{name} must be on the same device as target_probs ({device}); got {t.device}")
 
 
-def _byte_spans(t: torch.Tensor) -> set:
-    """The bytes of its storage a 1-D tensor covers (only called when two tensors share one)."""
-    size = t.element_size()
-    start, stride = int(t.storage_offset()) * size, int(t.stride(0)) * size
-    return {start + k * stride + b for k in range(int(t.shape[0])) for b in range(size)}
+def _progression(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """A 1-D tensor's elements in its storage, in bytes: (first, step, count, width)."""
+    width = t.element_size()
+    return int(t.storage_offset()) * width, int(t.stride(0)) * width, int(t.shape[0]), width
+
+
+def _hits(point: int, width: int, first: int, step: int, count: int, other_width: int) -> bool:
+    """Whether bytes [point, point + width) meet one of ``count`` elements of ``other_width``
+    bytes at first, first + step, ... (step > 0)."""
+    # Element j meets it when first + j * step lies in (point - other_width, point + width).
+    low = (point - other_width - first) // step + 1  # smallest j past the lower end
+    return max(low, 0) <= min(count - 1, (point + width - 1 - first) // step)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether 1-D tensors ``a`` and ``b`` share a byte of memory."""
+    """Whether 1-D tensors ``a`` and ``b`` (of nonzero strides, or one element) share a byte."""
     if not torch._C._is_alias_of(a, b):  # different storages: cheap, and the usual answer
         return False
-    return not _byte_spans(a).isdisjoint(_byte_spans(b))
+    a0, sa, na, wa = _progression(a)
+    b0, sb, nb, wb = _progression(b)
+    if na == 0 or nb == 0:
+        return False
+    if a0 + (na - 1) * sa + wa <= b0 or b0 + (nb - 1) * sb + wb <= a0:
+        return False  # disjoint spans, the layout of slices of one buffer
+    if na == 1 or sa == 0:
+        return nb == 1 or sb == 0 or _hits(a0, wa, b0, sb, nb, wb)
+    if nb == 1 or sb == 0:
+        return _hits(b0, wb, a0, sa, na, wa)
+    # Interleaved progressions (columns of one (B, k) buffer, say): element by element.
+    return any(_hits(a0 + i * sa, wa, b0, sb, nb, wb) for i in range(na))
 
 
 def _check_counter(name: str, counter, batch, device) -> None:
@@ -110,8 +129,45 @@ def check_arguments(
     offset: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
 ) -> None:
-    """Raise ValueError (shapes, devices, aliasing) or TypeError (types, dtypes) naming the
-    offending argument as the caller called it (``names``)."""
+    """Raise ValueError (shapes, devices, stride 0) or TypeError (types, dtypes) naming the
+    offending argument as the caller called it (``names``).
+
+    One pass of cheap comparisons decides that all is well; only when it fails does the slow path
+    look for the first problem and build its message (same checks, in order).
+    """
+    try:
+        shape = target_probs.shape
+        device = target_probs.device
+        batch = shape[0]
+        counters_ok = ((accepted_num.is_contiguous() or accepted_num.stride(0) != 0)
+                       and (emitted_num.is_contiguous() or emitted_num.stride(0) != 0))
+        ok = (len(shape) == 3 and shape[1] >= 2 and shape[2] >= 1
+              and target_probs.dtype in PROB_DTYPES
+              and draft_token_ids.shape == (batch, shape[1] - 1)
+              and draft_token_ids.dtype in INDEX_DTYPES and draft_token_ids.device == device
+              and (draft_probs is None
+                   or (draft_probs.shape == (batch, shape[1] - 1, shape[2])
+                       and draft_probs.dtype == target_probs.dtype
+                       and draft_probs.device == device))
+              and accepted_num.shape == (batch,) and accepted_num.dtype in INDEX_DTYPES
+              and accepted_num.device == device
+              and emitted_num.shape == (batch,) and emitted_num.dtype in INDEX_DTYPES
+              and emitted_num.device == device
+              and counters_ok
+              and seed.dim() == 1 and (seed.shape[0] == 1 or seed.shape[0] == batch)
+              and seed.dtype == torch.int64 and seed.device == device
+              and offset.dim() == 1 and (offset.shape[0] == 1 or offset.shape[0] == batch)
+              and offset.dtype == torch.int64 and offset.device == device)
+    except (AttributeError, TypeError, IndexError):  # not tensors: the slow path names them
+        ok = False
+    if not ok:
+        _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num,
+                             emitted_num, seed, offset, names)
+
+
+def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                         seed, offset, names: ArgumentNames) -> None:
+    """The slow path of check_arguments: find the first problem and raise its error."""
     _require_tensor(names.target_probs, target_probs)
     if target_probs.dim() != 3:
         raise ValueError(
@@ -168,38 +224,21 @@ def check_counters_apart(
     *,
     accepted_num: torch.Tensor,
     emitted_num: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
 ) -> None:
-    """Raise ValueError when a counter shares memory with the other counter, the ids, the seed or
-    the offset: the kernels write the counters while reading those, so the result would depend on
-    the order the hardware runs the requests in. Call it after ``check_arguments``.
+    """Raise ValueError when the two counters share memory: the kernels add to both in place, so
+    a request's sums would depend on the order the hardware runs them in (the interpreter would
+    silently add every request into one slot). Call it after ``check_arguments``, which refuses a
+    counter with stride 0.
 
     Separate from ``check_arguments`` because Dynamo cannot trace the storage comparison: the
     fake implementation runs it at trace time, on fake tensors that keep the inputs' aliasing.
     """
-    if accepted_num.shape[0] == 0:
-        return
-    if _overlaps(accepted_num, emitted_num):
+    if torch._C._is_alias_of(accepted_num, emitted_num) and _overlaps(accepted_num, emitted_num):
         raise ValueError(
             f"{names.accepted_num} and {names.emitted_num} must not share memory: the op adds to "
             "both in place; pass two separate tensors"
         )
-    for counter_name, counter in ((names.accepted_num, accepted_num),
-                                  (names.emitted_num, emitted_num)):
-        for name, t in ((names.seed, seed), (names.offset, offset)):
-            if _overlaps(counter, t):
-                raise ValueError(
-                    f"{counter_name} must not share memory with {name}: the op writes the "
-                    "counter while it reads the other; pass separate tensors"
-                )
-        if torch._C._is_alias_of(counter, draft_token_ids):
-            raise ValueError(
-                f"{counter_name} must not share memory with {names.draft_token_ids}: the op "
-                "writes the counter while it reads the ids; pass separate tensors"
-            )
 
 
 def _ids_shape_error(names: ArgumentNames, ids: torch.Tensor, target: torch.Tensor) -> ValueError:
@@ -223,7 +262,7 @@ def _ids_shape_error(names: ArgumentNames, ids: torch.Tensor, target: torch.Tens
 
 
 def validation_enabled() -> bool:
-    return os.environ.get("SPECOPS_VALIDATE", "0") not in ("", "0")
+    return read_environment("SPECOPS_VALIDATE") not in (None, "", "0")
 
 
 def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...] | None:

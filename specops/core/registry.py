@@ -17,8 +17,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from .backends import selected_backend, triton_unavailable_error
-from .checks import (OP_NAMES, ArgumentNames, check_arguments, check_counters_apart, check_values,
-                     validation_enabled)
+from .checks import (OP_NAMES, ArgumentNames, check_arguments, check_counters_apart,
+                     check_values, validation_enabled)
 
 # Spelled out rather than inferred: the inferred schema would name the aliases a3!/a4!.
 # `deterministic` is accepted for FlashInfer compatibility: every backend is reproducible.
@@ -66,8 +66,7 @@ def register_verifier(
         device = target_probs.device
         if selected_backend(device) == "triton":
             try:
-                launch = triton()
-                return launch(draft_probs, draft_token_ids, target_probs, accepted_num,
+                return triton()(draft_probs, draft_token_ids, target_probs, accepted_num,
                               emitted_num, seed, offset)
             except RuntimeError as error:
                 if "active drivers" in str(error):
@@ -82,17 +81,16 @@ def register_verifier(
         check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                         target_probs=target_probs, accepted_num=accepted_num,
                         emitted_num=emitted_num, seed=seed, offset=offset)
-        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num,
-                             draft_token_ids=draft_token_ids, seed=seed, offset=offset)
+        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
         return run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
                    offset)
 
     def fake(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
              deterministic=True):
-        kernel_args = dict(draft_token_ids=draft_token_ids, accepted_num=accepted_num,
-                           emitted_num=emitted_num, seed=seed, offset=offset)
-        check_arguments(draft_probs=draft_probs, target_probs=target_probs, **kernel_args)
-        check_counters_apart(**kernel_args)
+        check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
+                        target_probs=target_probs, accepted_num=accepted_num,
+                        emitted_num=emitted_num, seed=seed, offset=offset)
+        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
         batch, num_draft = draft_token_ids.shape
         return target_probs.new_empty((batch, num_draft + 1), dtype=torch.int32)
 
