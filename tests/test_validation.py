@@ -346,3 +346,119 @@ def test_dirty_requests_leave_others_untouched():
     # The dirty rows still obey the output format.
     assert mixed[0][1].tolist() == [-1, -1, -1]
     assert ((mixed[0][4] >= -1) & (mixed[0][4] < vocab)).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Counters that share memory are refused on every backend, eagerly and at trace time
+
+
+def aliased_counters(kind):
+    """(accepted, emitted) sharing memory in the ways a caller might build them by accident."""
+    if kind == "expand":  # stride 0: every request adds into one slot
+        return torch.zeros(1, dtype=torch.int32).expand(B), torch.zeros(B, dtype=torch.int32)
+    buf = torch.zeros(2 * B, dtype=torch.int32)
+    if kind == "same":
+        return buf[:B], buf[:B]
+    if kind == "shifted":  # overlapping windows of one buffer
+        return buf[:B], buf[1:B + 1]
+    raise ValueError(kind)
+
+
+ALIAS_CASES = [("expand", "stride 0"), ("same", "must not share memory"),
+               ("shifted", "must not share memory")]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kind,fragment", ALIAS_CASES)
+def test_aliased_counters_refused_eagerly(monkeypatch, backend, kind, fragment):
+    monkeypatch.setenv("SPECOPS_BACKEND", backend)  # triton: the interpreter here
+    args = good_args()
+    acc, emit = aliased_counters(kind)
+    before = acc.clone(), emit.clone()
+    with pytest.raises(ValueError, match=f"^accepted_num .*{fragment}"):
+        OP(args["draft_probs"], args["draft_token_ids"], args["target_probs"], acc, emit,
+           args["seed"], args["offset"])
+    # The public function names the arguments its caller passed.
+    with pytest.raises(ValueError, match=f"^maybe_output_accepted_token_num .*{fragment}"):
+        specops.chain_speculative_sampling(args["draft_probs"], args["draft_token_ids"],
+                                           args["target_probs"], acc, emit, seed=1)
+    assert torch.equal(acc, before[0]) and torch.equal(emit, before[1])  # refused before writing
+
+
+@pytest.mark.parametrize("kind,fragment", ALIAS_CASES)
+def test_aliased_counters_refused_at_trace_time(kind, fragment):
+    args = good_args()
+    acc, emit = aliased_counters(kind)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) if t is not None else None for t in
+                (args["draft_probs"], args["draft_token_ids"], args["target_probs"], acc, emit,
+                 args["seed"], args["offset"])]
+        with pytest.raises(ValueError, match=fragment):
+            OP(*fake)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
+    with pytest.raises(Exception) as info:
+        compiled(args["draft_probs"], args["draft_token_ids"], args["target_probs"], acc, emit,
+                 args["seed"], args["offset"])
+    assert counter.frame_count == 0
+    chain, error = [], info.value
+    while error is not None and len(chain) < 20:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(type(e) is ValueError and fragment in str(e) for e in chain), [repr(e) for e in chain]
+
+
+def test_counters_in_one_buffer_without_overlap_are_fine():
+    # Columns of one (B, 2) buffer, and halves of one buffer: no element shared, so allowed.
+    args = good_args()
+    q, d, p = args["draft_probs"], args["draft_token_ids"], args["target_probs"]
+    ref = specops.chain_speculative_sampling(q, d, p, seed=4)
+    columns = torch.zeros(B, 2, dtype=torch.int32)
+    halves = torch.zeros(2 * B, dtype=torch.int32)
+    for acc, emit in ((columns[:, 0], columns[:, 1]), (halves[:B], halves[B:])):
+        out = specops.chain_speculative_sampling(q, d, p, acc, emit, seed=4)
+        assert torch.equal(out[0], ref[0])
+        assert torch.equal(acc, ref[1]) and torch.equal(emit, ref[2])
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors that name what the caller did
+
+
+def test_registered_op_with_none_counters():
+    args = good_args()
+    for name in ("accepted_num", "emitted_num"):
+        bad = dict(args)
+        bad[name] = None
+        with pytest.raises(TypeError, match=f"^{name} must be a tensor; got NoneType"):
+            OP(*[bad[k] for k in ARG_ORDER])
+
+
+def test_target_with_n_positions_blames_the_mismatch():
+    # target_probs (B, N, V) with draft_token_ids (B, N): target_probs lacks the bonus row.
+    args = good_args()
+    with pytest.raises(ValueError) as info:
+        specops.chain_speculative_sampling(None, args["draft_token_ids"],
+                                           args["target_probs"][:, :N], seed=0)
+    message = str(info.value)
+    assert "disagree on the number of draft tokens" in message
+    assert f"target_probs needs {N} + 1 = {N + 1} positions" in message
+    assert f"implies draft_token_ids of shape (batch_size, num_speculate_tokens) = ({B}, {N - 1})" \
+        in message
+
+
+def test_public_function_names_its_own_counter_arguments():
+    args = good_args()
+    q, d, p = args["draft_probs"], args["draft_token_ids"], args["target_probs"]
+    cases = [
+        ((torch.zeros(B + 1, dtype=torch.int32), None), ValueError,
+         r"^maybe_output_accepted_token_num must have shape \(batch_size,\) = \(3,\); got \(4,\)"),
+        ((None, torch.zeros(B)), TypeError,
+         "^maybe_output_emitted_draft_token_num must have dtype int32 or int64; got float32"),
+        ((torch.zeros(B, dtype=torch.int32).to("meta"), None), ValueError,
+         r"^maybe_output_accepted_token_num must be on the same device as target_probs"),
+    ]
+    for (acc, emit), exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            specops.chain_speculative_sampling(q, d, p, acc, emit, seed=0)
