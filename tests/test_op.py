@@ -369,3 +369,56 @@ def test_reference_asks_no_data_questions_off_cpu(with_draft):
     seed = offset = torch.empty(batch, dtype=torch.int64, **meta)
     out = chain_speculative_sampling_reference(draft, ids, target, *counters, seed, offset)
     assert out.shape == (batch, num_draft + 1) and out.dtype == torch.int32
+
+
+# ----------------------------------------------------------------------------------------------
+# generator= under torch.compile: Dynamo cannot pass a torch.Generator to an op, so the public
+# function says what to do instead, and doing it gives the tokens generator= gives eagerly.
+
+
+def _with_generator(q, d, p, generator):
+    return specops.chain_speculative_sampling(q, d, p, generator=generator)[0]
+
+
+def _with_drawn_seed(q, d, p, seed, offset):
+    return specops.chain_speculative_sampling(q, d, p, seed=seed, offset=offset)[0]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_generator_under_compile(backend):
+    torch._dynamo.reset()
+    q, d, p = make_inputs(6, 3, 1500, seed=5)
+    with pytest.raises(Exception, match="generator= cannot be traced by torch.compile"):
+        torch.compile(_with_generator, fullgraph=True, backend=backend)(
+            q, d, p, torch.Generator().manual_seed(3))
+    # The documented replacement (docs/recipes.md): draw outside, pass the tensors in.
+    compiled = torch.compile(_with_drawn_seed, fullgraph=True, backend=backend)
+    eager_gen, outside_gen = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(3):  # the generator advances identically: every step matches
+        expected = _with_generator(q, d, p, eager_gen)
+        drawn = torch.randint(-2**63, 2**63 - 1, (2,), dtype=torch.int64, generator=outside_gen)
+        assert torch.equal(compiled(q, d, p, drawn[:1], drawn[1:]), expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds of another integer dtype: converted by an op each call, so a compiled or captured graph
+# sees their current values (docs/recipes.md, "CUDA graphs: per-request seeds updated in place").
+
+
+def _int32_seeded(q, d, p, seed32, offset32):
+    return specops.chain_speculative_sampling(q, d, p, seed=seed32, offset=offset32)[0]
+
+
+def test_int32_seed_tensors_are_read_each_call():
+    torch._dynamo.reset()
+    q, d, p = make_inputs(6, 3, 1500, seed=6)
+    seed32 = torch.arange(6, dtype=torch.int32) + 100
+    offset32 = torch.zeros(6, dtype=torch.int32)
+    compiled = torch.compile(_int32_seeded, fullgraph=True, backend="aot_eager")
+    for step in range(3):
+        offset32 += 1  # in place, as a serving loop advances its offsets
+        seed32[2] = 7 + step
+        expected = specops.chain_speculative_sampling(q, d, p, seed=seed32.long(),
+                                                      offset=offset32.long())[0]
+        assert torch.equal(_int32_seeded(q, d, p, seed32, offset32), expected)
+        assert torch.equal(compiled(q, d, p, seed32, offset32), expected)
