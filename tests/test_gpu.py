@@ -206,3 +206,104 @@ def test_reference_backend_captures_in_cuda_graph(monkeypatch):
         a_ref, e_ref = torch.zeros_like(acc), torch.zeros_like(emit)
         ref = chain_speculative_sampling_reference(q, ids, target, a_ref, e_ref, seed, offset)
         assert torch.equal(out, ref) and torch.equal(acc, a_ref) and torch.equal(emit, e_ref)
+
+
+def _warm_up(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def test_reduce_overhead_keeps_its_cuda_graph():
+    """docs/recipes.md: counters marked static, so inductor does not skip cudagraphs for the
+    mutated inputs; the compiled step replays a graph and keeps the counters right."""
+    from torch._dynamo.utils import counters
+
+    batch, num_draft, vocab = 8, 3, 32000
+    q, ids, target = make_inputs(batch, num_draft, vocab)
+    acc = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    emit = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    torch._dynamo.mark_static_address(acc)
+    torch._dynamo.mark_static_address(emit)
+    seeds = torch.arange(batch, device="cuda")
+    offsets = torch.zeros(batch, dtype=torch.int64, device="cuda")
+
+    @torch.compile(mode="reduce-overhead", fullgraph=True)
+    def step(q, ids, target, seeds, offsets):
+        return specops.chain_speculative_sampling(q, ids, target, acc, emit, seed=seeds,
+                                                  offset=offsets)[0]
+
+    torch._dynamo.reset()
+    counters.clear()
+    ref_acc, ref_emit = torch.zeros_like(acc), torch.zeros_like(emit)
+    for k in range(4):
+        offsets.fill_(k)
+        out = step(q, ids, target, seeds, offsets).clone()
+        ref = chain_speculative_sampling_reference(q, ids, target, ref_acc, ref_emit, seeds, offsets)
+        assert torch.equal(out, ref)
+    assert torch.equal(acc, ref_acc) and torch.equal(emit, ref_emit)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def test_user_generator_under_manual_capture():
+    """A user-created CUDA generator registered with the graph: replays differ, and re-seeding the
+    generator reproduces them (docs/recipes.md)."""
+    batch, num_draft, vocab = 16, 4, 32000
+    q, ids, target = make_inputs(batch, num_draft, vocab)
+    acc = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    emit = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def step():
+        return specops.chain_speculative_sampling(q, ids, target, acc, emit, generator=gen)[0]
+
+    _warm_up(step)
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(gen)
+    with torch.cuda.graph(graph):
+        out = step()
+    runs = []
+    for _ in range(2):
+        gen.manual_seed(5)
+        replays = []
+        for _ in range(4):
+            graph.replay()
+            replays.append(out.clone())
+        runs.append(replays)
+    assert len({tuple(o.flatten().tolist()) for o in runs[0]}) > 1  # fresh on every replay
+    assert all(torch.equal(a, b) for a, b in zip(*runs))  # re-seeding reproduces
+
+
+def test_seed_of_another_dtype_or_device_under_capture():
+    """docs/recipes.md: an int32 CUDA seed is cast by a captured kernel that re-runs on every
+    replay (the graph follows its current values); a CPU seed tensor is refused at capture."""
+    batch, num_draft, vocab = 8, 3, 5000
+    q, ids, target = make_inputs(batch, num_draft, vocab)
+    acc = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    emit = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    seed32 = torch.arange(batch, dtype=torch.int32, device="cuda")
+    offset32 = torch.zeros(batch, dtype=torch.int32, device="cuda")
+
+    def step():
+        return specops.chain_speculative_sampling(q, ids, target, acc, emit, seed=seed32,
+                                                  offset=offset32)[0]
+
+    _warm_up(step)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for k in (1, 2, 3):
+        offset32.fill_(k)
+        seed32[3] = 100 + k
+        graph.replay()
+        expected = specops.chain_speculative_sampling(q, ids, target, seed=seed32.long(),
+                                                      offset=offset32.long())[0]
+        assert torch.equal(out, expected), k
+
+    cpu_seed = torch.tensor([7])
+    graph2 = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(graph2):
+            specops.chain_speculative_sampling(q, ids, target, acc, emit, seed=cpu_seed)

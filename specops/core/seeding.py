@@ -52,6 +52,13 @@ def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.de
                 f"{name} must be an int or a 0-D/1-D int64 (or int32) tensor; "
                 f"got {value.dtype} tensor of shape {tuple(value.shape)}"
             )
+        if value.device != device and torch.device(device).type == "cuda" \
+                and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                f"{name} is a tensor on {value.device}: copying it to {device} cannot be captured "
+                "in a CUDA graph (the copy would be frozen, or refused); pass it on the device "
+                "as an int64 tensor"
+            )
         return value.to(device=device, dtype=torch.int64).reshape(-1)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int or an int64 tensor; got {type(value).__name__}")
