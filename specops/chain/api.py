@@ -34,7 +34,7 @@ def _plain_eager(*tensors) -> bool:
     """Whether nothing but eager execution can see this call: every tensor is a plain
     torch.Tensor, and no compiler, mode, transform or tracer is active."""
     for t in tensors:
-        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+        if type(t) is not torch.Tensor and t is not None and isinstance(t, torch.Tensor):
             return False
     return not (torch.compiler.is_compiling()
                 or torch._C._len_torch_dispatch_stack()
@@ -94,7 +94,8 @@ def chain_speculative_sampling(
     if emitted is None:
         emitted = torch.zeros(batch, dtype=torch.int32, device=device)
 
-    eager = _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed, offset)
+    eager = _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed,
+                         offset)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
@@ -103,10 +104,8 @@ def chain_speculative_sampling(
                 else _block_op.chain_block_speculative_sampling_op)
     if eager:
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
-        # Below autograd, as the dispatcher runs the op's kernel: the same bookkeeping.
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
-                                  seed_t, offset_t, PUBLIC_NAMES)
+        output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
+                              seed_t, offset_t, PUBLIC_NAMES)
         return output, accepted, emitted
     output = verifier.op(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                          offset_t, deterministic)

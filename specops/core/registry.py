@@ -58,9 +58,9 @@ def register_verifier(
 
     def run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
             names: ArgumentNames = OP_NAMES):
-        # The counters change in place: tell autograd, as an in-place torch op would.
-        torch.autograd.graph.increment_version(accepted_num)
-        torch.autograd.graph.increment_version(emitted_num)
+        # The counters change in place: tell autograd, as an in-place torch op would (a second
+        # bump by a backend's own in-place add is harmless: autograd only asks "changed?").
+        torch._C._increment_version((accepted_num, emitted_num))
         if validation_enabled():
             check_values(draft_probs, draft_token_ids, target_probs, names)
         device = target_probs.device
