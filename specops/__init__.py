@@ -7,7 +7,8 @@ Layout: ``core/`` holds what every sampler shares, each sampler has its own pack
 """
 
 from .chain.api import chain_speculative_sampling
+from .chain.warmup import warmup
 from .core.race import CHUNK_SIZE
 
-__all__ = ["chain_speculative_sampling", "CHUNK_SIZE"]
+__all__ = ["chain_speculative_sampling", "warmup", "CHUNK_SIZE"]
 __version__ = "0.1.0"

@@ -45,3 +45,74 @@ def test_model_matches_the_figures_it_was_built_from():
     # Many requests: one program per request unless the wave tail says otherwise; busy.
     assert occupancy.programs_per_request(1188, 151936, torch.bfloat16, True) == 1
     assert occupancy.launch_plan(4096, 151936, torch.bfloat16, True).busy > 0.95
+
+
+# Run with the stand-in CUDA driver (benchmarks/standin_driver.py): Triton's real launch path on CPU
+# tensors, counting the kernel binaries loaded. The interpreter must be off, so in a subprocess.
+NO_NEW_KERNELS = r'''
+import json, sys
+import standin_driver
+driver = standin_driver.install()
+import torch
+import specops
+
+VOCAB, NUM_DRAFT = 2048, 3
+first, path = sys.argv[1:3]
+if path == "binder":  # Triton's own launch path (where the direct one is unavailable)
+    from specops.core import triton_launch
+    triton_launch.direct_launch_supported = lambda: False
+
+
+def calls(has_draft):
+    """One call per form a decode loop may use: batch sizes on both sides of the split, every seed
+    and offset form, strided ids and counters."""
+    for batch in (1, 3, 40, 700, 3000):
+        target = torch.rand(batch, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
+        draft = torch.rand(batch, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
+        ids = torch.randint(0, VOCAB, (batch, 2 * NUM_DRAFT))[:, ::2]
+        counters = torch.zeros(2 * batch, dtype=torch.int32)
+        acc, emit = counters[::2], counters[1::2]
+        per_request = torch.arange(batch, dtype=torch.int64)
+        for seed, offset in ((None, None), (5, None), (5, 7), (torch.tensor([5]), None),
+                             (per_request, None), (per_request, per_request + 1),
+                             (torch.tensor([5]), per_request), (None, 3)):
+            specops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed,
+                                               offset=offset)
+
+
+if first == "warmup":
+    specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False))
+else:  # one call
+    for has_draft in (True, False):
+        target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
+        draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
+        specops.chain_speculative_sampling(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64),
+                                           target, seed=5)
+loaded, launches = driver.utils.modules_loaded, driver.utils.launches
+for has_draft in (True, False):
+    calls(has_draft)
+print(json.dumps({"loaded": loaded, "loaded_after": driver.utils.modules_loaded - loaded,
+                  "launches_after": driver.utils.launches - launches}))
+'''
+
+
+@pytest.mark.parametrize("path", ["direct", "binder"])
+@pytest.mark.parametrize("first", ["warmup", "one call"])
+def test_nothing_compiles_after_warm_up(first, path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "benchmarks"),
+                                         env.get("PYTHONPATH", "")])
+    env["SPECOPS_BACKEND"] = "triton"  # CPU tensors to the Triton launcher (stand-in driver)
+    proc = subprocess.run([sys.executable, "-c", NO_NEW_KERNELS, first, path], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The main kernel with and without draft_probs, and the combine kernel.
+    assert result["loaded"] == 3, result
+    assert result["loaded_after"] == 0 and result["launches_after"] > 80, result

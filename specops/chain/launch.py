@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..core import triton_launch
 from ..core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import chain_speculative_sampling_kernel, combine_kernel
-from .occupancy import MAX_PROGRAMS_PER_REQUEST, NUM_WARPS, programs_per_request
+from .occupancy import MAX_PROGRAMS_PER_REQUEST, NUM_WARPS, launch_plan
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
@@ -25,7 +26,7 @@ ROW_ARGUMENTS = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "
 def block_n(num_draft: int) -> int:
     """Lanes of the acceptance vector: N drafts and the bonus position, at least 4 (with 2, ptxas
     allocates more registers, which would cost a resident program per SM)."""
-    return max(4, triton.next_power_of_2(num_draft + 1))
+    return max(4, 1 << num_draft.bit_length())  # next power of 2 above N (triton's is slow)
 
 
 def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
@@ -39,10 +40,34 @@ def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
 def _empty_output(batch, num_draft, programs, device):
     """The (B, N+1) int32 output, contiguous, in an allocation that also holds the scratch: one
     allocation per call, private to the call (safe on concurrent streams and in CUDA graphs)."""
-    size = batch * (num_draft + 1)
-    storage = torch.empty(size + scratch_int32s(batch, num_draft, programs), dtype=torch.int32,
-                          device=device)
+    if programs == 1:
+        return torch.empty((batch, num_draft + 1), dtype=torch.int32, device=device)
+    size = batch * (num_draft + 1) + scratch_int32s(batch, num_draft, programs)
+    storage = torch.empty(size, dtype=torch.int32, device=device)
     return storage.as_strided((batch, num_draft + 1), (num_draft + 1, 1))
+
+
+class _Loaded:
+    """The loaded main and combine kernels of one specialisation, launched directly."""
+
+    __slots__ = ("main", "combine")
+
+    def __init__(self, main, combine):
+        self.main, self.combine = main, combine
+
+
+# (device, dtypes, draft given, BLOCK_N, row alignment) -> _Loaded; filled by the first launch.
+_LOADED: dict[tuple, _Loaded] = {}
+
+
+def _row_alignment(target_ptr, draft_ptr, vocab, stride_tb, stride_tn, stride_db, stride_dn):
+    """What Triton specialises the row arguments on: True when all are 16-divisible int32 values
+    or 16-byte aligned pointers (contiguous rows with V % 16 == 0), else each one's class."""
+    ints = vocab | stride_tb | stride_tn | stride_db | stride_dn  # all >= 0
+    if (ints | target_ptr | draft_ptr) % 16 == 0 and ints < 2**31:
+        return True
+    values = (target_ptr, draft_ptr, vocab, stride_tb, stride_tn, stride_db, stride_dn)
+    return tuple((v % 16 == 0, v == 1, v >= 2**31) for v in values)
 
 
 def chain_speculative_sampling_triton(
@@ -59,40 +84,62 @@ def chain_speculative_sampling_triton(
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
 
     ``programs`` overrides the programs per request (tests use it to show the output does not
-    depend on it); by default occupancy.programs_per_request chooses it.  No host synchronisation,
-    no allocation but the output's.
+    depend on it); by default occupancy.launch_plan chooses it.  No host synchronisation, no
+    allocation but the output's; after the first call of a specialisation, a direct launch.
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
     has_draft = draft_probs is not None
-    chunks = num_chunks(vocab)
-    if programs is None:
-        programs = programs_per_request(batch, vocab, target_probs.dtype, has_draft)
-    programs = max(1, min(int(programs), chunks, MAX_PROGRAMS_PER_REQUEST))
-    per_program = triton.cdiv(chunks, programs)
-    programs = triton.cdiv(chunks, per_program)  # none without a chunk
-    out = _empty_output(batch, num_draft, programs, target_probs.device)
-    if batch == 0:
-        return out
     # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
     if target_probs.stride(2) != 1:
         target_probs = target_probs.contiguous()
     if has_draft and draft_probs.stride(2) != 1:
         draft_probs = draft_probs.contiguous()
+    if programs is None:
+        programs, per_program = launch_plan(batch, vocab, target_probs.dtype, has_draft)[:2]
+    else:
+        chunks = num_chunks(vocab)
+        per_program = triton.cdiv(chunks, max(1, min(programs, chunks, MAX_PROGRAMS_PER_REQUEST)))
+        programs = triton.cdiv(chunks, per_program)  # none without a chunk
+    out = _empty_output(batch, num_draft, programs, target_probs.device)
+    if batch == 0:
+        return out
     draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
-    stride_db, stride_dn = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
+    stride_tb, stride_tn, _ = target_probs.stride()
+    stride_db, stride_dn = draft_probs.stride()[:2] if has_draft else (0, 0)
+    stride_ib, stride_in = draft_token_ids.stride()
     seed_per_request = seed.numel() != 1
-    chain_speculative_sampling_kernel[(batch, programs)](
-        target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        num_draft, vocab, target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
-        draft_token_ids.stride(0), draft_token_ids.stride(1), accepted_num.stride(0),
-        emitted_num.stride(0), seed.stride(0) if seed_per_request else 0,
-        offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
-        slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
-        HAS_DRAFT=has_draft, BLOCK_N=block_n(num_draft), GROUP=GROUP,
-        CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
-    )
+    lanes = block_n(num_draft)
+    args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
+            num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+            accepted_num.stride(0), emitted_num.stride(0),
+            seed.stride(0) if seed_per_request else 0,
+            offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
+            slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
+            has_draft, lanes, GROUP, CHUNK_SIZE)
+    combine_args = (out, batch, num_draft, programs, MAX_PROGRAMS_PER_REQUEST)
+
+    direct = triton_launch.direct_launch_supported() and not triton_launch.hooks_set()
+    if direct:
+        device, stream = triton_launch.current_device_and_stream()
+        key = (device, target_probs.dtype, has_draft, lanes, draft_token_ids.dtype,
+               accepted_num.dtype, emitted_num.dtype, _row_alignment(
+                   target_probs.data_ptr(), draft.data_ptr(), vocab, stride_tb, stride_tn,
+                   stride_db, stride_dn))
+        loaded = _LOADED.get(key)
+        if loaded is not None:
+            loaded.main.launch(batch, programs, stream, args)
+            if programs > 1:
+                loaded.combine.launch(batch, 1, stream, combine_args)
+            return out
+    main = chain_speculative_sampling_kernel[(batch, programs)](
+        *args[:-4], HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
+        **LAUNCH_OPTIONS)
     if programs > 1:
-        combine_kernel[(batch,)](out, batch, num_draft, programs,
-                                 BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **COMBINE_LAUNCH_OPTIONS)
+        combine_kernel[(batch,)](*combine_args[:-1], BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
+                                 **COMBINE_LAUNCH_OPTIONS)
+    if direct:  # load the combine kernel now too: a later B may need it
+        combine = triton_launch.load(combine_kernel, combine_args[:-1], (1,), dict(
+            BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **COMBINE_LAUNCH_OPTIONS))
+        _LOADED[key] = _Loaded(triton_launch.LoadedKernel(main), combine)
     return out
