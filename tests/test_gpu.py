@@ -84,7 +84,7 @@ def test_split_independence_gpu():
     q, ids, target = make_inputs(2, 3, 128256, seed=5)
     acc, emit, seed, offset = op_args(2)
     outs = [chain_speculative_sampling_triton(q, ids, target, acc.clone(), emit.clone(), seed,
-                                              offset, num_splits=s) for s in (1, 2, 7, 126)]
+                                              offset, programs=s) for s in (1, 2, 7, 126)]
     assert all(torch.equal(o, outs[0]) for o in outs)
 
 
