@@ -154,3 +154,15 @@ def test_int_seed_constants_are_shared_and_never_written():
     # A traced call builds its own (the graph holds them as constants).
     s3, _ = resolve_seed_and_offset(77, None, None, p.device, cache=False)
     assert s3 is not s1
+
+
+def test_make_fx_and_vmap_see_the_registered_op():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q, d, p = inputs(batch=2, num_draft=2, vocab=50)
+    graph = make_fx(lambda q, d, p: specops.chain_speculative_sampling(q, d, p, seed=3)[0])(q, d, p)
+    assert any(node.target is OP.default for node in graph.graph.nodes)
+    # No batching rule: under vmap the call reaches the op, which refuses it, rather than a
+    # kernel that would read batched tensors as plain ones.
+    with pytest.raises(RuntimeError, match="chain_speculative_sampling"):
+        torch.vmap(lambda p: specops.chain_speculative_sampling(None, d[0:1], p[None], seed=1)[0])(p)

@@ -30,12 +30,16 @@ PUBLIC_NAMES = ArgumentNames(
 _FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 
 
-def _plain_eager(*tensors) -> bool:
+def _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed, offset):
     """Whether nothing but eager execution can see this call: every tensor is a plain
     torch.Tensor, and no compiler, mode, transform or tracer is active."""
-    for t in tensors:
-        if type(t) is not torch.Tensor and t is not None and isinstance(t, torch.Tensor):
-            return False
+    plain = torch.Tensor
+    if (type(target_probs) is not plain or type(draft_token_ids) is not plain
+            or type(accepted) is not plain or type(emitted) is not plain
+            or (draft_probs is not None and type(draft_probs) is not plain)
+            or (isinstance(seed, torch.Tensor) and type(seed) is not plain)
+            or (isinstance(offset, torch.Tensor) and type(offset) is not plain)):
+        return False
     return not (torch.compiler.is_compiling()
                 or torch._C._len_torch_dispatch_stack()
                 or torch._C._len_torch_function_stack()

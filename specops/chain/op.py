@@ -8,9 +8,11 @@ from .reference import chain_speculative_sampling_reference
 
 
 def _triton():
-    from .launch import chain_speculative_sampling_triton
+    # Imported on first use (importing triton is not free); read from the module at every call,
+    # so that a replaced launcher (tests monkeypatch it) is the one called.
+    from . import launch
 
-    return chain_speculative_sampling_triton
+    return launch.chain_speculative_sampling_triton
 
 
 chain_speculative_sampling_op = register_verifier(
