@@ -422,3 +422,52 @@ def test_int32_seed_tensors_are_read_each_call():
                                                       offset=offset32.long())[0]
         assert torch.equal(_int32_seeded(q, d, p, seed32, offset32), expected)
         assert torch.equal(compiled(q, d, p, seed32, offset32), expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA graphs under mode="reduce-overhead", checked on CPU: inductor keeps the graph when every
+# input the graph mutates is a static input (torch/_inductor/cudagraph_utils.py). The mutated
+# inputs must be exactly the counters, and marking them static (docs/recipes.md) must make them so.
+
+
+@pytest.mark.parametrize("mark_static", [True, False])
+def test_only_the_counters_are_mutated_and_static_when_marked(mark_static):
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = {}
+
+    def forward_compiler(gm, example_inputs):
+        seen["graph"] = gm.graph
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        # As inductor computes static_input_idxs: inputs Dynamo marked static.
+        seen["static"] = {i for i, x in enumerate(example_inputs)
+                          if getattr(x, "_dynamo_static_input_type", None) is not None}
+        return aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    batch = 4
+    acc, emit = counters(batch, torch.int64)
+    if mark_static:
+        torch._dynamo.mark_static_address(acc)
+        torch._dynamo.mark_static_address(emit)
+
+    def step(q, d, p, seeds, offsets):
+        return specops.chain_speculative_sampling(q, d, p, acc, emit, seed=seeds, offset=offsets)[0]
+
+    q, d, p = make_inputs(batch, 2, 100)
+    seeds, offsets = torch.arange(batch), torch.zeros(batch, dtype=torch.int64)
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    acc_e, emit_e = counters(batch, torch.int64)
+    expected = specops.chain_speculative_sampling(q, d, p, acc_e, emit_e, seed=seeds, offset=offsets)[0]
+    assert torch.equal(compiled(q, d, p, seeds, offsets), expected)
+    assert torch.equal(acc, acc_e) and torch.equal(emit, emit_e)
+
+    placeholders = [n for n in seen["graph"].nodes if n.op == "placeholder"]
+    (node,) = [n for n in seen["graph"].nodes
+               if n.target is torch.ops.higher_order.auto_functionalized_v2]
+    mutated = {placeholders.index(base) for base in node.kwargs["_all_bases"]}
+    assert len(mutated) == 2  # the two counters, and nothing else
+    assert mutated <= seen["static"] if mark_static else not mutated & seen["static"]
