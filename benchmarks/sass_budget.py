@@ -129,7 +129,8 @@ def innermost_loops(rows):
         m = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
         if m and where.get(m.group(1), i) < i:
             loops.append((where[m.group(1)], i))
-    return [(a, b) for a, b in loops if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
+    return [(a, b) for a, b in loops
+            if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
 
 
 def function_lines(fn) -> range:
@@ -195,7 +196,8 @@ def main() -> int:
                       f"{row['bytes_per_chunk']:11d} {row['instructions_per_byte']:10.4f} "
                       f"{row['issue_bound'] / 1e12:9.2f} TB/s")
             print(f"{'':38} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
-    print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {'met' if ok else 'NOT met'}")
+    verdict = "met" if ok else "NOT met"
+    print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
     return 0 if ok else 1
 
 

@@ -1,4 +1,5 @@
-"""The launch model (specops/chain/occupancy.py) and the launcher's host side (specops/chain/launch.py).
+"""The launch model (specops/chain/occupancy.py) and the launcher's host side
+(specops/chain/launch.py).
 
 The model picks the programs per request for every batch size; these tests hold it to the two
 properties that matter on an H200: the machine is kept busy wherever the work can fill it, and the

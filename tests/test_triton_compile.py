@@ -9,8 +9,8 @@ The compilation runs in subprocesses without ``TRITON_INTERPRET`` (under the int
 ``@triton.jit`` builds interpreter objects that cannot be compiled).
 
 What the launcher varies (compile-time): the probability dtype, the id dtype, each counter's
-dtype, draft_probs given or None, BLOCK_N (= max(4, next_pow2(N + 1))), and the 16-divisibility of V, the
-row strides and the row pointers.  Everything else is a runtime argument (do_not_specialize).
+dtype, draft_probs given or None, BLOCK_N (= max(4, next_pow2(N + 1))), and the 16-divisibility of
+V, the row strides and the row pointers.  Everything else is a runtime argument (do_not_specialize).
 """
 
 from __future__ import annotations

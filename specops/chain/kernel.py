@@ -166,6 +166,19 @@ def _inverse_cdf(values, u, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_cdf,
+           HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
+    """The token of the race that is used, by one inverse CDF in its winning chunk (read again):
+    the residual race wherever it has mass here (then it has mass overall, so it is the one
+    used), else the p race."""
+    use_res = res_key < float("inf")
+    chunk = tl.where(use_res, res_chunk, p_chunk)
+    values = _chunk_values(row_p, row_q, chunk, vocab, read_q & use_res,
+                           tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
+    return (chunk * CHUNK + _inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+
+
+@triton.jit
 def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
            off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
            CHUNK: tl.constexpr):
@@ -203,8 +216,9 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
 @triton.jit(do_not_specialize=[
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
-    "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft", "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride",
-    "offset_stride", "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
+    "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft",
+    "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
+    "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
 def chain_speculative_sampling_kernel(
     target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
     draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
@@ -243,15 +257,10 @@ def chain_speculative_sampling_kernel(
     res_key, res_chunk, p_key, p_chunk = _races(
         row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo, off_hi,
         key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
-    # One inverse CDF, on the race that is used: the residual one wherever it has mass here (then
-    # it has mass overall, so it is the one used), else the p race.
-    use_res = res_key < float("inf")
-    chunk = tl.where(use_res, res_chunk, p_chunk)
-    values = _chunk_values(row_p, row_q, chunk, vocab, read_q & use_res,
-                           tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
-    token = (chunk * CHUNK + _inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+    token = _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_cdf,
+                   HAS_DRAFT, CHUNK)
     if programs == 1:
-        has_mass = use_res | (p_key < float("inf"))
+        has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))
     else:
         _write_local_result(out_ptr, tl.num_programs(0), num_draft, b, program, programs, e,
@@ -260,8 +269,9 @@ def chain_speculative_sampling_kernel(
 
 @triton.jit
 def _scratch(out_ptr, batch, num_draft, programs):
-    """Where the scratch of a P > 1 launch lies, after the (B, N+1) int32 output in its allocation:
-    float64 (B, P, 2) keys (8-byte aligned), int32 (B, P) tokens, int32 (B,) e (launch.py sizes it)."""
+    """Where the scratch of a P > 1 launch lies, after the (B, N+1) int32 output in its
+    allocation: float64 (B, P, 2) keys (8-byte aligned), int32 (B, P) tokens, int32 (B,) e
+    (launch.scratch_int32s sizes it)."""
     keys_at = (batch * (num_draft + 1) + 1) // 2 * 2
     keys_ptr = (out_ptr + keys_at).to(tl.pointer_type(tl.float64), bitcast=True)
     tokens_ptr = out_ptr + keys_at + batch * programs * 4
@@ -272,6 +282,7 @@ def _scratch(out_ptr, batch, num_draft, programs):
 @triton.jit
 def _write_local_result(out_ptr, batch, num_draft, b, program, programs, e, res_key, p_key,
                         token):
+    """A P > 1 program's result for combine_kernel: both race keys, its token, and e (once)."""
     keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
     slot = b * programs + program
     tl.store(keys_ptr + slot * 2, res_key)

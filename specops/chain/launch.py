@@ -30,8 +30,9 @@ def block_n(num_draft: int) -> int:
 
 
 def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
-    """int32 words the output allocation holds past the (B, N+1) output when P > 1 (kernel._scratch):
-    8-byte alignment padding, float64 (B, P, 2) keys, int32 (B, P) tokens, int32 (B,) e."""
+    """int32 words the output allocation holds past the (B, N+1) output when P > 1
+    (kernel._scratch): 8-byte alignment padding, float64 (B, P, 2) keys, int32 (B, P) tokens,
+    int32 (B,) e."""
     if programs == 1:
         return 0
     return (batch * (num_draft + 1)) % 2 + batch * programs * 5 + batch
