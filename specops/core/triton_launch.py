@@ -62,7 +62,10 @@ class LoadedKernel:
     __slots__ = ("_run", "_function", "_metadata")
 
     def __init__(self, compiled):
-        self._run = compiled.run  # loads the binary onto the current device if it is not yet
+        init = getattr(compiled, "_init_handles", None)
+        if init is not None:
+            init()  # loads the binary onto the current device if it is not yet
+        self._run = compiled.run
         self._function = compiled.function
         self._metadata = compiled.packed_metadata
 
