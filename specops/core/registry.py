@@ -4,10 +4,9 @@ Every verifier of a chain of drafts (token verification, block verification) tak
 arguments and returns output_token_ids (B, N + 1) int32, so they share one schema and one eager
 entry: argument checks, the optional value checks, then the backend ``SPECOPS_BACKEND`` selects.
 
-The op is defined with ``torch.library.Library`` rather than ``torch.library.custom_op``: the
-dispatcher then calls the kernel directly (autograd's fallback in C++; the counters' version bumps
-in the kernel), instead of through custom_op's Python wrappers, a large part of a call's host time
-(docs/performance.md, "Host time per call").
+The op is a ``torch.library.custom_op``: what ``torch.compile``, ``opcheck`` and CUDA graphs see.
+Its Python wrappers cost several bare launches of host time per call, so the public functions call
+``run`` directly when nothing traces the call (docs/decisions.md, "Host path").
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ VERIFIER_SCHEMA = (
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
     "bool deterministic=True) -> Tensor"
 )
-
-# A registration lasts as long as its Library object.
-_LIBRARIES: list[torch.library.Library] = []
-
 
 class Verifier(NamedTuple):
     """A registered verifier: the op, and its eager entry for arguments already checked."""
@@ -54,12 +49,10 @@ def register_verifier(
     cpu: the CPU backend; triton: returns the Triton launcher (imported on first use, since
     importing triton is not free). Each takes the seven tensor arguments of the schema.
     """
-    namespace, name = qualname.split("::")
-
     def run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
             names: ArgumentNames = OP_NAMES):
-        # The counters change in place: tell autograd, as an in-place torch op would (a second
-        # bump by a backend's own in-place add is harmless: autograd only asks "changed?").
+        # The counters change in place: tell autograd, as an in-place torch op would (custom_op
+        # bumps them too on the op's path; a second bump is harmless: autograd asks "changed?").
         torch._C._increment_version((accepted_num, emitted_num))
         if validation_enabled():
             check_values(draft_probs, draft_token_ids, target_probs, names)
@@ -94,11 +87,13 @@ def register_verifier(
         batch, num_draft = draft_token_ids.shape
         return target_probs.new_empty((batch, num_draft + 1), dtype=torch.int32)
 
-    library = torch.library.Library(namespace, "FRAGMENT")
-    library.define(name + VERIFIER_SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
-    library.impl(name, kernel, "CPU")
-    library.impl(name, kernel, "CUDA")
-    library.m.register_ad_inplace_or_view_fallback(name)  # `run` bumps the counters' versions
-    torch.library.register_fake(qualname, fake, lib=library)
-    _LIBRARIES.append(library)
+    op = torch.library.custom_op(
+        qualname,
+        kernel,
+        mutates_args=("accepted_num", "emitted_num"),
+        device_types=("cpu", "cuda"),
+        schema=VERIFIER_SCHEMA,
+    )
+    op.register_fake(fake)
+    namespace, name = qualname.split("::")
     return Verifier(op=getattr(getattr(torch.ops, namespace), name).default, run=run)
