@@ -92,8 +92,15 @@ else:  # one call
 loaded, launches = driver.utils.modules_loaded, driver.utils.launches
 for has_draft in (True, False):
     calls(has_draft)
-print(json.dumps({"loaded": loaded, "loaded_after": driver.utils.modules_loaded - loaded,
-                  "launches_after": driver.utils.launches - launches}))
+after = driver.utils.modules_loaded
+# Rows that are not 16-byte aligned select another kernel: it must be compiled, not the aligned
+# one launched on them.
+target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
+specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target,
+                                   seed=5)
+print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
+                  "launches_after": driver.utils.launches - launches,
+                  "loaded_unaligned": driver.utils.modules_loaded - after}))
 '''
 
 
@@ -117,3 +124,4 @@ def test_nothing_compiles_after_warm_up(first, path):
     # The main kernel with and without draft_probs, and the combine kernel.
     assert result["loaded"] == 3, result
     assert result["loaded_after"] == 0 and result["launches_after"] > 80, result
+    assert result["loaded_unaligned"] == 1, result

@@ -57,7 +57,9 @@ class _Loaded:
         self.main, self.combine = main, combine
 
 
-# (device, dtypes, draft given, BLOCK_N, row alignment) -> _Loaded; filled by the first launch.
+# (device, every pointer's dtype, draft given, BLOCK_N, row alignment) -> _Loaded: what Triton
+# specialises the kernel on (all other arguments are do_not_specialize int32 values and pointers).
+# Filled by the first launch of each.
 _LOADED: dict[tuple, _Loaded] = {}
 
 
@@ -123,8 +125,8 @@ def chain_speculative_sampling_triton(
     direct = triton_launch.direct_launch_supported() and not triton_launch.hooks_set()
     if direct:
         device, stream = triton_launch.current_device_and_stream()
-        key = (device, target_probs.dtype, has_draft, lanes, draft_token_ids.dtype,
-               accepted_num.dtype, emitted_num.dtype, _row_alignment(
+        key = (device, target_probs.dtype, draft.dtype, has_draft, lanes, draft_token_ids.dtype,
+               accepted_num.dtype, emitted_num.dtype, seed.dtype, offset.dtype, _row_alignment(
                    target_probs.data_ptr(), draft.data_ptr(), vocab, stride_tb, stride_tn,
                    stride_db, stride_dn))
         loaded = _LOADED.get(key)
