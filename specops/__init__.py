@@ -2,12 +2,13 @@
 
 ``specops.chain_speculative_sampling`` is the FlashInfer-compatible API;
 ``torch.ops.specops.chain_speculative_sampling`` is the registered op it calls.
-Layout: ``core/`` holds what every sampler shares, each sampler has its own package
-(``chain/``); docs/contributing.md has the map.
+``specops.warmup`` loads every kernel a decode loop can launch before the loop starts.
+Layout: ``core/`` holds what every sampler shares, each sampler has its own package (``chain/``
+token verification, ``block/`` block verification); docs/contributing.md has the map.
 """
 
 from .chain.api import chain_speculative_sampling
-from .chain.warmup import warmup
+from .warmup import warmup
 from .core.race import CHUNK_SIZE
 
 __all__ = ["chain_speculative_sampling", "warmup", "CHUNK_SIZE"]

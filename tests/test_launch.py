@@ -58,7 +58,7 @@ import torch
 import specops
 
 VOCAB, NUM_DRAFT = 2048, 3
-first, path = sys.argv[1:3]
+first, path, verification = sys.argv[1:4]
 if path == "binder":  # Triton's own launch path (where the direct one is unavailable)
     from specops.core import triton_launch
     triton_launch.direct_launch_supported = lambda: False
@@ -78,17 +78,18 @@ def calls(has_draft):
                              (per_request, None), (per_request, per_request + 1),
                              (torch.tensor([5]), per_request), (None, 3)):
             specops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed,
-                                               offset=offset)
+                                               offset=offset, verification=verification)
 
 
 if first == "warmup":
-    specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False))
+    specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
+                   verification=verification)
 else:  # one call
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
         specops.chain_speculative_sampling(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64),
-                                           target, seed=5)
+                                           target, seed=5, verification=verification)
 loaded, launches = driver.utils.modules_loaded, driver.utils.launches
 for has_draft in (True, False):
     calls(has_draft)
@@ -97,16 +98,18 @@ after = driver.utils.modules_loaded
 # one launched on them.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
 specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target,
-                                   seed=5)
+                                   seed=5, verification=verification)
 print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
                   "launches_after": driver.utils.launches - launches,
                   "loaded_unaligned": driver.utils.modules_loaded - after}))
 '''
 
 
-@pytest.mark.parametrize("path", ["direct", "binder"])
-@pytest.mark.parametrize("first", ["warmup", "one call"])
-def test_nothing_compiles_after_warm_up(first, path):
+@pytest.mark.parametrize("first,path,verification", [
+    ("warmup", "direct", "token"), ("warmup", "binder", "token"), ("one call", "direct", "token"),
+    ("one call", "binder", "token"), ("warmup", "binder", "block"), ("one call", "binder", "block"),
+])
+def test_nothing_compiles_after_warm_up(first, path, verification):
     import json
     import os
     import subprocess
@@ -117,11 +120,12 @@ def test_nothing_compiles_after_warm_up(first, path):
     env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "benchmarks"),
                                          env.get("PYTHONPATH", "")])
     env["SPECOPS_BACKEND"] = "triton"  # CPU tensors to the Triton launcher (stand-in driver)
-    proc = subprocess.run([sys.executable, "-c", NO_NEW_KERNELS, first, path], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", NO_NEW_KERNELS, first, path, verification], capture_output=True,
                           text=True, env=env, cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # The main kernel with and without draft_probs, and the combine kernel.
-    assert result["loaded"] == 3, result
+    # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
+    # pass and the scan kernel, each with and without draft_probs.
+    assert result["loaded"] == (3 if verification == "token" else 4), result
     assert result["loaded_after"] == 0 and result["launches_after"] > 80, result
-    assert result["loaded_unaligned"] == 1, result
+    assert result["loaded_unaligned"] >= 1, result

@@ -23,9 +23,11 @@ from ..core.race_triton import inverse_cdf, race_key, sanitize
 
 
 @triton.jit(
-    # Not on the row-addressing path: kept out of the specialisation key.
-    do_not_specialize=["num_draft", "num_chunks_total", "chunks_per_program", "num_splits",
-                       "stride_ib", "stride_in", "seed_stride", "offset_stride",
+    # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
+    # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
+    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "weight_ptr", "mass_ptr", "key_ptr",
+                       "token_ptr", "num_draft", "num_chunks_total", "chunks_per_program",
+                       "num_splits", "stride_ib", "stride_in", "seed_stride", "offset_stride",
                        "seed_per_request"],
 )
 def block_row_pass_kernel(
@@ -135,9 +137,10 @@ def block_row_pass_kernel(
 
 
 @triton.jit(
-    do_not_specialize=["num_draft", "num_splits", "stride_ib", "stride_in", "stride_acc",
-                       "stride_emit", "stride_ob", "seed_stride", "offset_stride",
-                       "seed_per_request"],
+    do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
+                       "out_ptr", "weight_ptr", "mass_ptr", "key_ptr", "token_ptr", "num_draft",
+                       "num_splits", "stride_ib", "stride_in", "stride_acc", "stride_emit",
+                       "stride_ob", "seed_stride", "offset_stride", "seed_per_request"],
 )
 def block_scan_kernel(
     target_ptr, draft_ptr, ids_ptr, accepted_ptr, emitted_ptr, seed_ptr, offset_ptr, out_ptr,

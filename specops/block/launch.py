@@ -11,7 +11,7 @@ from .kernel import block_row_pass_kernel, block_scan_kernel
 # Aim for about this many programs in flight (H100/H200: 132 SMs, ~4 programs each) when the
 # B (N + 1) rows alone cannot fill the GPU. A function of B, N and K only: reproducible launches.
 TARGET_PROGRAMS = 512
-MAX_SPLITS = 256  # most programs one row is split over
+MAX_SPLITS = 256  # most programs one row is split over (a power of two: the scan's lanes)
 NUM_WARPS = 4  # 128 threads x 8 values of a 1024-value chunk: 16-byte loads even for bf16/fp16
 # How the kernels are built (tests/test_block_compile.py compiles with the same options). No
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
@@ -86,6 +86,6 @@ def block_speculative_sampling_triton(
         draft_token_ids.stride(0), draft_token_ids.stride(1), accepted_num.stride(0),
         emitted_num.stride(0), out.stride(0), seed_stride, offset_stride, per_request,
         HAS_DRAFT=has_draft, BLOCK_N=triton.next_power_of_2(num_draft + 1),
-        BLOCK_S=triton.next_power_of_2(splits), **SCAN_LAUNCH_OPTIONS,
+        BLOCK_S=MAX_SPLITS, **SCAN_LAUNCH_OPTIONS,  # fixed: the batch size selects no kernel
     )
     return out

@@ -1,0 +1,71 @@
+"""``specops.warmup``: compile and load, before a decode loop starts, every kernel it can launch
+(token and block verification alike)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Union
+
+import torch
+
+Choices = Union[bool, Iterable[bool]]
+
+
+def _choices(value, scalar_types) -> tuple:
+    return (value,) if isinstance(value, scalar_types) else tuple(value)
+
+
+def warmup(
+    device: Union[str, torch.device],
+    vocab: int,
+    num_draft: Union[int, Iterable[int]],
+    dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.bfloat16,
+    *,
+    draft_probs: Choices = True,
+    ids_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
+    counter_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int32,
+    verification: Union[str, Iterable[str]] = "token",
+) -> int:
+    """Compile and load every Triton kernel that ``chain_speculative_sampling`` can launch on
+    ``device`` for these settings, so that no call after this one compiles or loads anything.
+
+    A decode loop's calls differ in batch size, seed form (None, an int, a tensor of 1 or B
+    seeds), offset form and strides; none of these selects a different kernel (they are runtime
+    arguments, and both the single-program and the split launch are loaded together).  What does
+    select one: the probability ``dtype``, ``draft_probs`` given (True) or None (False), the draft
+    length through next_pow2(N + 1) (pass every ``num_draft`` the loop uses, e.g. ``range(1, 8)``),
+    the id and counter dtypes, and whether V and the rows are 16-byte aligned (so pass the model's
+    real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification`` ("token",
+    "block" or both).  Each argument may be one value or several; every combination is loaded.
+    Returns the number of combinations.
+
+    On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
+    """
+    from .core.backends import selected_backend
+
+    device = torch.device(device)
+    if selected_backend(device) != "triton":
+        return 0
+    from .block.launch import block_speculative_sampling_triton
+    from .chain.launch import chain_speculative_sampling_triton
+
+    launchers = {"token": chain_speculative_sampling_triton,
+                 "block": block_speculative_sampling_triton}
+    modes = _choices(verification, str)
+    for mode in modes:
+        if mode not in launchers:
+            raise ValueError(f'verification must be "token" or "block"; got {mode!r}')
+    combinations = itertools.product(
+        [launchers[mode] for mode in modes], _choices(dtype, torch.dtype),
+        sorted(set(_choices(num_draft, int))), _choices(draft_probs, bool),
+        _choices(ids_dtype, torch.dtype), _choices(counter_dtype, torch.dtype))
+    count = 0
+    for launch, dt, n, has_draft, ids_dt, counter_dt in combinations:
+        target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+        draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if has_draft else None
+        ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+        counters = torch.zeros(2, dtype=counter_dt, device=device)
+        seed = torch.zeros(2, dtype=torch.int64, device=device)
+        launch(draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:])
+        count += 1
+    return count
