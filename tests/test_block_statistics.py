@@ -19,6 +19,7 @@ import torch
 
 import specops
 from specops.block import reference as block
+from specops.core.outputs import write_outputs
 from specops.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4
@@ -42,7 +43,7 @@ def broken_block_op(draft_probs, draft_token_ids, target_probs, accepted, emitte
     tau = block.choose_tau(block.stop_probabilities(rows, drafts), drafts)
     unweighted = block.candidate_rows(draft_probs, target_probs, drafts, torch.ones_like(drafts.weights))
     token = block.sample_at(unweighted, target_probs, tau, drafts)
-    return block.write_outputs(drafts, tau, token, accepted, emitted)
+    return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted, emitted)
 
 
 def public_op(verification):

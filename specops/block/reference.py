@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..core.outputs import write_outputs
 from ..core.race import chunk_masses, sample_rows
 from ..core.randomness import request_uniforms
 from . import slots
@@ -125,18 +126,6 @@ def sample_at(rows: torch.Tensor, target_probs: torch.Tensor, tau: torch.Tensor,
     return sample_rows(row, u_race, u_cdf)
 
 
-def write_outputs(drafts: Drafts, tau, token, accepted_num, emitted_num) -> torch.Tensor:
-    """Step 9: d_0..d_{tau-1}, the token, then -1; counters added to in place."""
-    batch, num_draft = drafts.ids.shape
-    position = torch.arange(num_draft + 1, device=tau.device)
-    ids = torch.nn.functional.pad(drafts.ids, (0, 1), value=-1)
-    output = torch.where(position < tau[:, None], ids, -1)
-    output = torch.where(position == tau[:, None], token[:, None], output).to(torch.int32)
-    accepted_num.add_(drafts.accepted.sum(dim=1).to(accepted_num.dtype))
-    emitted_num.add_(tau.to(emitted_num.dtype))
-    return output
-
-
 def block_speculative_sampling_reference(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -151,4 +140,5 @@ def block_speculative_sampling_reference(
     rows = candidate_rows(draft_probs, target_probs, drafts, drafts.weights)
     tau = choose_tau(stop_probabilities(rows, drafts), drafts)
     token = sample_at(rows, target_probs, tau, drafts)
-    return write_outputs(drafts, tau, token, accepted_num, emitted_num)
+    # Step 9: d_0..d_{tau-1}, the token, then -1; the counters.
+    return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)

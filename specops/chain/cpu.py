@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from ..core.outputs import write_outputs
 from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from . import reference, slots
 
@@ -135,4 +136,4 @@ def chain_speculative_sampling_cpu(
     chunk, key = race_winner(masses, -torch.log(u_race.double()))
     token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, verdict.uniforms[:, slots.cdf_slot(num_draft)])
     token = torch.where(torch.isfinite(key), token, -1)
-    return reference.write_outputs(verdict, token, accepted_num, emitted_num)
+    return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)

@@ -19,13 +19,7 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
-
-
-@triton.jit
-def _sanitize(x):
-    """float32 value if finite and > 0, else 0: max(x, 0) turns NaN and negatives into 0."""
-    x = tl.maximum(x.to(tl.float32), 0.0)
-    return tl.where(x < float("inf"), x, 0.0)
+from ..core.race_triton import inverse_cdf, sanitize
 
 
 @triton.jit
@@ -40,10 +34,10 @@ def _acceptance(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, 
     d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
     valid = is_draft & (d >= 0) & (d < vocab)
     d_safe = tl.where(valid, d, 0)  # invalid ids are never dereferenced (masked) anyway
-    p_d = _sanitize(tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid,
+    p_d = sanitize(tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid,
                             other=0.0))
     if HAS_DRAFT:
-        q_d = _sanitize(tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid,
+        q_d = sanitize(tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid,
                                 other=0.0))
     else:
         q_d = tl.full([BLOCK_N], 1.0, tl.float32)
@@ -87,7 +81,7 @@ def _masses_p(row_p, first, count, vocab, GROUP: tl.constexpr, CHUNK: tl.constex
     left = vocab - first * CHUNK  # values of the row from this chunk on
     p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
     for i in range(count):
-        p = _sanitize(p_next)
+        p = sanitize(p_next)
         ptr += CHUNK
         left -= CHUNK
         p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
@@ -109,8 +103,8 @@ def _masses_residual(row_p, row_q, first, count, vocab, GROUP: tl.constexpr,
     p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
     q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
     for i in range(count):
-        p = _sanitize(p_next)
-        q = _sanitize(q_next)
+        p = sanitize(p_next)
+        q = sanitize(q_next)
         offset += CHUNK
         left -= CHUNK
         in_range = lane < tl.where(i + 1 < count, left, 0)
@@ -127,9 +121,9 @@ def _chunk_values(row_p, row_q, chunk, vocab, read_q, removed, HAS_DRAFT: tl.con
     """The CHUNK values of one chunk of the sampled row: the residual when read_q (draft given)
     or removed >= 0 (draft None: p with that token zeroed), else p; 0 past V."""
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p = _sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
+    p = sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
     if HAS_DRAFT:
-        q = _sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
+        q = sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
         return tl.maximum(p - q, 0.0)  # == p when q_e is not read
     else:
         return tl.where(cols == removed, 0.0, p)
@@ -151,21 +145,6 @@ def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.
 
 
 @triton.jit
-def _inverse_cdf(values, u, CHUNK: tl.constexpr):
-    """Index of the first positive value whose float64 prefix sum exceeds u * (the last prefix
-    sum), as reference.inverse_cdf; when rounding leaves none (possible here, where tl.cumsum is a
-    tree scan, not with the reference's in-order sum), the last positive value."""
-    idx = tl.arange(0, CHUNK)
-    positive = values > 0
-    cdf = tl.cumsum(values.to(tl.float64), axis=0)
-    total = tl.sum(tl.where(idx == CHUNK - 1, cdf, 0.0), axis=0)  # the last prefix sum, exactly
-    hit = positive & (cdf > u.to(tl.float64) * total)
-    first_hit = tl.min(tl.where(hit, idx, CHUNK), axis=0)
-    last_positive = tl.max(tl.where(positive, idx, -1), axis=0)
-    return tl.where(first_hit < CHUNK, first_hit, last_positive)
-
-
-@triton.jit
 def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_cdf,
            HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
     """The token of the race that is used, by one inverse CDF in its winning chunk (read again):
@@ -175,7 +154,7 @@ def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_
     chunk = tl.where(use_res, res_chunk, p_chunk)
     values = _chunk_values(row_p, row_q, chunk, vocab, read_q & use_res,
                            tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
-    return (chunk * CHUNK + _inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+    return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 
 @triton.jit

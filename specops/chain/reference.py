@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.race import num_chunks, sample_rows
+from ..core.outputs import write_outputs
+from ..core.race import sample_rows
 from ..core.randomness import request_uniforms
 from . import slots
 
@@ -92,19 +93,6 @@ def sampled_rows(draft_probs, target_probs, verdict: Verdict) -> torch.Tensor:
     return torch.where(use_residual[:, None], residual, p_e)
 
 
-def write_outputs(verdict: Verdict, token: torch.Tensor, accepted_num, emitted_num) -> torch.Tensor:
-    """Steps 4 and 6: the output row and the counters (added in place, in their own dtype)."""
-    batch, num_draft = verdict.ids.shape
-    e = verdict.e
-    position = torch.arange(num_draft + 1, device=e.device)
-    ids = torch.nn.functional.pad(verdict.ids, (0, 1), value=-1)
-    output = torch.where(position < e[:, None], ids, -1)
-    output = torch.where(position == e[:, None], token[:, None], output).to(torch.int32)
-    accepted_num.add_(verdict.accepted.sum(dim=1).to(accepted_num.dtype))
-    emitted_num.add_(e.to(emitted_num.dtype))
-    return output
-
-
 def chain_speculative_sampling_reference(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -121,4 +109,5 @@ def chain_speculative_sampling_reference(
     u_cdf = verdict.uniforms[:, slots.cdf_slot(num_draft)]
     u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
     token = sample_rows(rows, u_race, u_cdf)  # -1 when p_e has no mass either
-    return write_outputs(verdict, token, accepted_num, emitted_num)
+    # Steps 4 and 6: the accepted prefix, the token, then -1; the counters.
+    return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
