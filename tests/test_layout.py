@@ -1,7 +1,9 @@
 """The package's layering, read from the imports in specops/ (docs/contributing.md, "Layout").
 
 * specops/core/ is shared machinery: it imports no sampler package and not the demo;
-* a sampler package (specops/chain/, specops/block/, ...) never imports the demo;
+* a sampler package (specops/chain/, specops/block/, ...) never imports the demo, nor another
+  sampler, but for one import: the chain's public function runs block verification
+  (``verification="block"``), so specops.chain.api imports specops.block.op;
 * no two modules import each other, directly or through others.
 """
 
@@ -62,6 +64,19 @@ def test_core_imports_no_sampler_and_not_the_demo(name):
 @pytest.mark.parametrize("name", [n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in SAMPLERS])
 def test_samplers_do_not_import_the_demo(name):
     assert "specops.demo" not in IMPORTS[name], f"{name} imports specops.demo"
+
+
+# The one import across samplers (docs/contributing.md, "Layering").
+CROSS_SAMPLER_IMPORTS = {("specops.chain.api", "specops.block"), ("specops.chain.api", "specops.block.op")}
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in SAMPLERS])
+def test_samplers_do_not_import_each_other(name):
+    own = name.split(".")[1]
+    others = {m for m in IMPORTS[name]
+              if m.split(".")[1:2] and m.split(".")[1] in SAMPLERS and m.split(".")[1] != own}
+    bad = others - {m for n, m in CROSS_SAMPLER_IMPORTS if n == name}
+    assert not bad, f"{name} imports {sorted(bad)}: a sampler depends on core/ and itself only"
 
 
 def test_no_import_cycles():
