@@ -13,20 +13,10 @@ from typing import NamedTuple
 import torch
 
 from ..core.outputs import write_outputs
+from ..core.probs import at_draft_ids, sanitize
 from ..core.race import chunk_masses, sample_rows
 from ..core.randomness import request_uniforms
 from . import slots
-
-
-def sanitize(probs: torch.Tensor) -> torch.Tensor:
-    """Float32 copy in which NaN, +-inf and negative probabilities count as 0."""
-    probs = probs.float()
-    return torch.where(torch.isfinite(probs) & (probs > 0), probs, 0.0)
-
-
-def at_draft_ids(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """probs[b, j, ids[b, j]] for every b and every draft position j: (B, N)."""
-    return probs[:, : ids.shape[1]].gather(2, ids[:, :, None]).squeeze(2)
 
 
 class Drafts(NamedTuple):

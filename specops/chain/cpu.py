@@ -13,6 +13,7 @@ import functools
 import torch
 
 from ..core.outputs import write_outputs
+from ..core.probs import rows_at, sanitize
 from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from . import reference, slots
 
@@ -35,7 +36,7 @@ def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """Float32 copy of row probs[b, position[b]] for every b: (B, M, V) -> (B, V), one read."""
     batch, positions, vocab = probs.shape
     if probs.stride(0) != positions * probs.stride(1):  # e.g. expand()ed over the batch
-        return reference.rows_at(probs, position).float()
+        return rows_at(probs, position).float()
     flat_row = torch.arange(batch, device=probs.device) * positions + position
     return probs.reshape(batch * positions, vocab).index_select(0, flat_row).float()
 
@@ -73,7 +74,7 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     else:
         rows = gather_rows(draft_probs, e.clamp(max=draft_probs.shape[1] - 1))
         if not is_clean(rows):
-            rows = reference.sanitize(rows)
+            rows = sanitize(rows)
         rows.mul_(-use_residual[:, None].float())
         add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
     masses = chunk_masses(rows)
