@@ -1,69 +1,23 @@
 """Block verification against token verification: what it costs, and what it gains.
 
     python benchmarks/block_verification.py                 # cost + tokens per call, CPU (and GPU)
-    python benchmarks/block_verification.py --agreement 4000  # kernel vs reference, token for token
 
 Cost: median time per call of both modes, eager (and CUDA-graph replay on a GPU), next to block
 mode's memory floor: the bytes it must read whatever it does, target rows 2..N+1 and draft rows 2..N
 (every h_t needs them), at the device's copy bandwidth. Gain: tokens per target call (emitted + 1)
 of both modes when decoding with the demo's character models.
-Agreement: the Triton kernel (interpreted on CPU, so use small V) against the reference over many
-random requests; prints the number of requests whose output or counters differ.
+The kernel's agreement with the reference is measured by
+``benchmarks/measure_agreement.py --verification block``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+import time
 
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    _parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    _parser.add_argument("--agreement", type=int, default=0, metavar="REQUESTS",
-                         help="count kernel/reference mismatches over this many random requests")
-    _parser.add_argument("--seed", type=int, default=0)
-    ARGS = _parser.parse_args()
-    if ARGS.agreement and ARGS.device != "cuda":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+import torch
 
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def agreement(requests: int, device: torch.device, seed: int) -> None:
-    from inputs import make_inputs, seeds
-    from specops.block.launch import block_speculative_sampling_triton
-    from specops.block.reference import block_speculative_sampling_reference
-
-    g = torch.Generator().manual_seed(seed)
-    done = mismatched = 0
-    start = time.perf_counter()
-    while done < requests:
-        batch = min(64, requests - done)
-        num_draft = int(torch.randint(1, 7, (1,), generator=g))
-        vocab = int(torch.randint(2, 1100 if device.type == "cpu" else 70000, (1,), generator=g))
-        draft = bool(torch.rand(1, generator=g) < 0.7)
-        sharp = float(torch.rand(1, generator=g)) * 6 + 0.5
-        q, d, p = make_inputs(batch, num_draft, vocab, draft=draft, sharp=sharp,
-                              seed=seed * 100_000 + done, device=device)
-        d[torch.rand(d.shape, generator=g).to(device) < 0.03] = -1
-        sd, of = seeds(batch, True, base=seed * 100_000 + done, device=device)
-        outs = []
-        for fn in (block_speculative_sampling_reference, block_speculative_sampling_triton):
-            acc = torch.zeros(batch, dtype=torch.int32, device=device)
-            emit = torch.zeros_like(acc)
-            outs.append((fn(q, d, p, acc, emit, sd, of), acc, emit))
-        differs = ((outs[0][0] != outs[1][0]).any(1) | (outs[0][1] != outs[1][1])
-                   | (outs[0][2] != outs[1][2]))
-        mismatched += int(differs.sum())
-        done += batch
-        print(f"{done} requests, {mismatched} mismatching, {time.perf_counter() - start:.0f}s",
-              flush=True)
+import common  # benchmarks/common.py: a script's own folder is on sys.path
 
 
 SHAPES = [(1, 4, 32000), (8, 4, 32000), (64, 4, 32000), (8, 4, 128256), (64, 8, 32000)]
@@ -77,7 +31,6 @@ def floor_bytes(batch: int, num_draft: int, vocab: int, dtype: torch.dtype) -> i
 
 
 def cost(device: torch.device) -> None:
-    import common
 
     import specops
 
@@ -134,9 +87,9 @@ def tokens_per_call(device: torch.device) -> None:
 
 
 if __name__ == "__main__":
-    device = torch.device(ARGS.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if ARGS.agreement:
-        agreement(ARGS.agreement, device, ARGS.seed)
-    else:
-        cost(device)
-        tokens_per_call(device)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    args = parser.parse_args()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cost(device)
+    tokens_per_call(device)

@@ -1,4 +1,5 @@
-"""Kernel-vs-reference token agreement over many random requests.
+"""Kernel-vs-reference token agreement over many random requests, for token verification (the
+default) or block verification (``--verification block``).
 
 The kernel and the reference sum chunk masses (float32) and in-chunk prefix sums (float64) in a
 different order, so a token can differ when two chunks' race keys lie within float32 rounding of
@@ -30,6 +31,7 @@ if __name__ == "__main__":
     _args.add_argument("--worker", type=int, default=0, help="seeds the inputs; use distinct values")
     _args.add_argument("--device", default="cpu", help="cpu (interpreter) or cuda")
     _args.add_argument("--vocab", type=int, nargs=2, default=(1100, 3000), help="V range")
+    _args.add_argument("--verification", choices=("token", "block"), default="token")
     _args.add_argument("--max-seconds", type=float, default=math.inf,
                        help="stop after the batch that passes this many seconds")
     ARGS = _args.parse_args()
@@ -38,8 +40,16 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+from specops.block.launch import block_speculative_sampling_triton  # noqa: E402
+from specops.block.reference import block_speculative_sampling_reference  # noqa: E402
 from specops.chain.launch import chain_speculative_sampling_triton  # noqa: E402
 from specops.chain.reference import chain_speculative_sampling_reference  # noqa: E402
+
+# (reference, kernel) of each verification mode.
+IMPLEMENTATIONS = {
+    "token": (chain_speculative_sampling_reference, chain_speculative_sampling_triton),
+    "block": (block_speculative_sampling_reference, block_speculative_sampling_triton),
+}
 
 
 def random_batch(gen, batch, device, vocab_range):
@@ -55,6 +65,8 @@ def random_batch(gen, batch, device, vocab_range):
     draft = torch.rand(batch, num_draft, vocab, generator=dev_gen, device=device) ** sharp
     draft = draft / draft.sum(-1, keepdim=True)
     ids = torch.multinomial(draft.reshape(-1, vocab), 1, generator=dev_gen).reshape(batch, num_draft)
+    padded = torch.rand(batch, num_draft, generator=dev_gen, device=device) < 0.03
+    ids = ids.masked_fill(padded, -1)  # some drafts end early
     use_draft = bool(torch.rand(1, generator=gen) < 0.7)
     seed = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=dev_gen, device=device)
     offset = torch.randint(0, 2**62, (batch,), generator=dev_gen, device=device)
@@ -69,7 +81,7 @@ def main(args) -> None:
         batch = min(args.batch, args.requests - done)
         draft, ids, target, seed, offset = random_batch(gen, batch, args.device, args.vocab)
         outs = []
-        for fn in (chain_speculative_sampling_reference, chain_speculative_sampling_triton):
+        for fn in IMPLEMENTATIONS[args.verification]:
             acc = torch.zeros(batch, dtype=torch.int64, device=args.device)
             emit = torch.zeros(batch, dtype=torch.int64, device=args.device)
             outs.append((fn(draft, ids, target, acc, emit, seed, offset), acc, emit))
@@ -78,7 +90,7 @@ def main(args) -> None:
             differ |= (a != b).reshape(batch, -1).any(dim=1)
         done += batch
         mismatched += int(differ.sum())
-        print(json.dumps({"worker": args.worker, "requests": done, "mismatched": mismatched,
+        print(json.dumps({"verification": args.verification, "worker": args.worker, "requests": done, "mismatched": mismatched,
                           "rate": mismatched / done, "seconds": round(time.time() - start, 1),
                           "vocab": target.shape[-1], "dtype": str(target.dtype)}), flush=True)
 

@@ -28,7 +28,7 @@ from ..core.race_triton import inverse_cdf, race_key, sanitize
     do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "weight_ptr", "mass_ptr", "key_ptr",
                        "token_ptr", "num_draft", "num_chunks_total", "chunks_per_program",
                        "num_splits", "stride_ib", "stride_in", "seed_stride", "offset_stride",
-                       "seed_per_request"],
+                       "seed_per_request", "cdf_slot", "race_slot0"],
 )
 def block_row_pass_kernel(
     target_ptr, draft_ptr, ids_ptr, seed_ptr, offset_ptr,
@@ -36,6 +36,7 @@ def block_row_pass_kernel(
     num_draft, vocab, num_chunks_total, chunks_per_program, num_splits,
     stride_tb, stride_tn, stride_db, stride_dn,  # vocabulary stride is 1
     stride_ib, stride_in, seed_stride, offset_stride, seed_per_request,
+    cdf_slot, race_slot0,  # Philox slots of the inverse-CDF uniform and of chunk 0's race (slots.py)
     HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr,
 ):
     # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
@@ -77,7 +78,7 @@ def block_row_pass_kernel(
     row_p = target_ptr + b * stride_tb + t * stride_tn
     if HAS_DRAFT:
         row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
-    u_cdf = philox_uniform(2 * num_draft, stream, off_lo, off_hi, key_lo, key_hi)
+    u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
 
     # ---- One pass over this program's chunks of row t: mass of R_t, best chunk of both races.
     lane = tl.arange(0, CHUNK).to(tl.int64)
@@ -112,7 +113,7 @@ def block_row_pass_kernel(
         w_res = tl.sum(res, axis=0)  # float32 chunk masses, as the reference's
         w_p = tl.sum(p, axis=0)
         mass += w_res.to(tl.float64)
-        u_race = philox_uniform(2 * num_draft + 1 + k, stream, off_lo, off_hi, key_lo, key_hi)
+        u_race = philox_uniform(race_slot0 + k, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u_race.to(tl.float64))
         key = race_key(w_res, neg_log_u)
         better = key < res_key  # strict: ties keep the lower chunk
@@ -140,7 +141,8 @@ def block_row_pass_kernel(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
                        "out_ptr", "weight_ptr", "mass_ptr", "key_ptr", "token_ptr", "num_draft",
                        "num_splits", "stride_ib", "stride_in", "stride_acc", "stride_emit",
-                       "stride_ob", "seed_stride", "offset_stride", "seed_per_request"],
+                       "stride_ob", "seed_stride", "offset_stride", "seed_per_request",
+                       "stop_slot0"],
 )
 def block_scan_kernel(
     target_ptr, draft_ptr, ids_ptr, accepted_ptr, emitted_ptr, seed_ptr, offset_ptr, out_ptr,
@@ -149,6 +151,7 @@ def block_scan_kernel(
     stride_tb, stride_tn, stride_db, stride_dn,
     stride_ib, stride_in, stride_acc, stride_emit, stride_ob,
     seed_stride, offset_stride, seed_per_request,
+    stop_slot0,  # eta_t's Philox slot is stop_slot0 + t (slots.py); coin j's is j
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """tau from the row pass's masses, the token at tau, the output row and the counters."""
@@ -191,7 +194,7 @@ def block_scan_kernel(
     m = tl.where(ended, w * row_mass, row_mass)
     denominator = m + (1.0 - w)
     h = tl.where(denominator > 0, m / tl.where(denominator > 0, denominator, 1.0), 1.0)
-    eta = philox_uniform(num_draft + t - 1, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
+    eta = philox_uniform(stop_slot0 + t, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
     stop = (t >= 1) & is_row & (eta.to(tl.float64) <= h)
     tau = tl.max(tl.where(stop, t, 0), axis=0)
 

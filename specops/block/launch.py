@@ -6,6 +6,7 @@ import torch
 import triton
 
 from ..core.race import CHUNK_SIZE, num_chunks
+from . import slots
 from .kernel import block_row_pass_kernel, block_scan_kernel
 
 # Aim for about this many programs in flight (H100/H200: 132 SMs, ~4 programs each) when the
@@ -75,7 +76,7 @@ def block_speculative_sampling_triton(
         num_draft, vocab, chunks, per_program, splits,
         target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
         draft_token_ids.stride(0), draft_token_ids.stride(1), seed_stride, offset_stride,
-        per_request,
+        per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
         HAS_DRAFT=has_draft, CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
     )
     block_scan_kernel[(batch,)](
@@ -85,6 +86,7 @@ def block_speculative_sampling_triton(
         target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
         draft_token_ids.stride(0), draft_token_ids.stride(1), accepted_num.stride(0),
         emitted_num.stride(0), out.stride(0), seed_stride, offset_stride, per_request,
+        slots.stop_slot(num_draft, 0),
         HAS_DRAFT=has_draft, BLOCK_N=triton.next_power_of_2(num_draft + 1),
         BLOCK_S=MAX_SPLITS, **SCAN_LAUNCH_OPTIONS,  # fixed: the batch size selects no kernel
     )

@@ -14,10 +14,6 @@ from __future__ import annotations
 from ..core.race import num_chunks
 
 
-def coin_slot(position: int) -> int:
-    return position
-
-
 def stop_slot(num_draft: int, t: int) -> int:
     return num_draft + t - 1
 
