@@ -1,6 +1,5 @@
-"""Input builders shared by the tests that compare implementations (the Triton kernel against the
-reference, on the interpreter and on a GPU). Tests whose fixed-seed expectations pin the inputs
-(tests/test_op.py) keep their own builders: changing those would change every pinned token."""
+"""Input builders shared by the tests: kernel-against-reference inputs (interpreter and GPU), and
+the small softmax inputs whose values tests/test_op.py's fixed-seed expectations pin."""
 
 from __future__ import annotations
 
@@ -29,3 +28,19 @@ def seeds(batch, per_request, offset_per_request=False, base=12345, device=DEVIC
     seed = torch.randint(-(2**63), 2**63 - 1, (batch if per_request else 1,), generator=gen)
     offset = torch.randint(0, 2**62, (batch if offset_per_request else 1,), generator=gen)
     return seed.to(device), offset.to(device)
+
+
+def softmax_inputs(batch=4, num_draft=3, vocab=16, dtype=torch.float32, id_dtype=torch.int64,
+                   with_draft=True, seed=0):
+    """(draft, ids, target) on CPU: softmax rows of random logits, drafts sampled from the draft
+    rows. Several fixed-seed expectations (tests/test_op.py) depend on exactly these values."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(batch, num_draft + 1, vocab, generator=g), -1).to(dtype)
+    q = torch.softmax(torch.randn(batch, num_draft, vocab, generator=g), -1).to(dtype)
+    d = torch.multinomial(q.float().reshape(-1, vocab), 1, generator=g).reshape(batch, num_draft)
+    return (q if with_draft else None), d.to(id_dtype), p
+
+
+def counters(batch, dtype=torch.int32):
+    """Fresh (accepted, emitted) counters."""
+    return torch.zeros(batch, dtype=dtype), torch.zeros(batch, dtype=dtype)

@@ -10,20 +10,9 @@ import specops
 from specops.block.reference import block_speculative_sampling_reference
 from specops.core.registry import VERIFIER_SCHEMA
 
+from inputs import counters, softmax_inputs as make_inputs  # tests/inputs.py
+
 OP = torch.ops.specops.chain_block_speculative_sampling
-
-
-def make_inputs(batch=4, num_draft=3, vocab=16, dtype=torch.float32, id_dtype=torch.int64,
-                with_draft=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    p = torch.softmax(torch.randn(batch, num_draft + 1, vocab, generator=g), -1).to(dtype)
-    q = torch.softmax(torch.randn(batch, num_draft, vocab, generator=g), -1).to(dtype)
-    d = torch.multinomial(q.float().reshape(-1, vocab), 1, generator=g).reshape(batch, num_draft)
-    return (q if with_draft else None), d.to(id_dtype), p
-
-
-def counters(batch, dtype=torch.int32):
-    return torch.zeros(batch, dtype=dtype), torch.zeros(batch, dtype=dtype)
 
 
 @pytest.mark.parametrize("with_draft,dtype,id_dtype,counter_dtype,per_request", [

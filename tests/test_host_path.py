@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specops
+from inputs import softmax_inputs  # tests/inputs.py
 
 ROOT = Path(__file__).resolve().parents[1]
 OP = torch.ops.specops.chain_speculative_sampling
@@ -97,11 +98,7 @@ def test_triton_backend_without_driver_says_what_to_set():
 
 
 def inputs(batch=6, num_draft=3, vocab=700, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    p = torch.softmax(torch.randn(batch, num_draft + 1, vocab, generator=g), -1)
-    q = torch.softmax(torch.randn(batch, num_draft, vocab, generator=g), -1)
-    d = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, num_draft)
-    return q, d, p
+    return softmax_inputs(batch, num_draft, vocab, seed=seed)
 
 
 class OpRecorder(TorchDispatchMode):
