@@ -76,14 +76,14 @@ def compile_combine():
     from triton.compiler import ASTSource
 
     from specops.chain.kernel import combine_kernel as kernel
-    from specops.chain.launch import COMBINE_LAUNCH_OPTIONS
+    from specops.chain.launch import LAUNCH_OPTIONS
     from specops.chain.occupancy import MAX_PROGRAMS_PER_REQUEST
 
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(out_ptr="*i32", BLOCK_P="constexpr")
     constexprs = {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}
     return triton.compile(ASTSource(kernel, signature, constexprs, {}),
-                          target=GPUTarget("cuda", 90, 32), options=COMBINE_LAUNCH_OPTIONS)
+                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
 
 
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:

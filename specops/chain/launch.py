@@ -3,6 +3,8 @@ one allocation, and a launch that skips Triton's argument binder once a speciali
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -17,7 +19,6 @@ GROUP = 128
 # How the kernels are built (tests/test_triton_compile.py compiles with the same options). No
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": False}
-COMBINE_LAUNCH_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 4}
 # Arguments Triton specialises on 16-divisibility (the row pass's 16-byte loads need them).
 ROW_ARGUMENTS = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
                  "stride_dn")
@@ -27,6 +28,12 @@ def block_n(num_draft: int) -> int:
     """Lanes of the acceptance vector: N drafts and the bonus position, at least 4 (with 2, ptxas
     allocates more registers, which would cost a resident program per SM)."""
     return max(4, 1 << num_draft.bit_length())  # next power of 2 above N (triton's is slow)
+
+
+@functools.lru_cache(maxsize=64)
+def _per_num_draft(num_draft: int) -> tuple[int, int, int]:
+    """(lanes of the acceptance vector, Philox slot of the inverse-CDF uniform, of chunk 0)."""
+    return block_n(num_draft), slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)
 
 
 def scratch_int32s(batch: int, num_draft: int, programs: int) -> int:
@@ -94,10 +101,19 @@ def chain_speculative_sampling_triton(
     vocab = target_probs.shape[2]
     has_draft = draft_probs is not None
     # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
-    if target_probs.stride(2) != 1:
+    stride_tb, stride_tn, stride_tv = target_probs.stride()
+    if stride_tv != 1:
         target_probs = target_probs.contiguous()
-    if has_draft and draft_probs.stride(2) != 1:
-        draft_probs = draft_probs.contiguous()
+        stride_tb, stride_tn, _ = target_probs.stride()
+    if has_draft:
+        stride_db, stride_dn, stride_dv = draft_probs.stride()
+        if stride_dv != 1:
+            draft_probs = draft_probs.contiguous()
+            stride_db, stride_dn, _ = draft_probs.stride()
+        draft = draft_probs
+    else:
+        stride_db = stride_dn = 0
+        draft = target_probs  # placeholder pointer
     if programs is None:
         programs, per_program = launch_plan(batch, vocab, target_probs.dtype, has_draft)[:2]
     else:
@@ -107,42 +123,40 @@ def chain_speculative_sampling_triton(
     out = _empty_output(batch, num_draft, programs, target_probs.device)
     if batch == 0:
         return out
-    draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
-    stride_tb, stride_tn, _ = target_probs.stride()
-    stride_db, stride_dn = draft_probs.stride()[:2] if has_draft else (0, 0)
     stride_ib, stride_in = draft_token_ids.stride()
     seed_per_request = seed.numel() != 1
-    lanes = block_n(num_draft)
+    lanes, cdf_slot, race_slot0 = _per_num_draft(num_draft)
     args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
             num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
             accepted_num.stride(0), emitted_num.stride(0),
             seed.stride(0) if seed_per_request else 0,
             offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
-            slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
-            has_draft, lanes, GROUP, CHUNK_SIZE)
-    combine_args = (out, batch, num_draft, programs, MAX_PROGRAMS_PER_REQUEST)
+            cdf_slot, race_slot0, has_draft, lanes, GROUP, CHUNK_SIZE)
 
     direct = triton_launch.direct_launch_supported() and not triton_launch.hooks_set()
     if direct:
         device, stream = triton_launch.current_device_and_stream()
-        key = (device, target_probs.dtype, draft.dtype, has_draft, lanes, draft_token_ids.dtype,
-               accepted_num.dtype, emitted_num.dtype, seed.dtype, offset.dtype, _row_alignment(
+        # Seed and offset are int64 and draft_probs has target_probs' dtype (checks.py).
+        key = (device, target_probs.dtype, has_draft, lanes, draft_token_ids.dtype,
+               accepted_num.dtype, emitted_num.dtype, _row_alignment(
                    target_probs.data_ptr(), draft.data_ptr(), vocab, stride_tb, stride_tn,
                    stride_db, stride_dn))
         loaded = _LOADED.get(key)
         if loaded is not None:
             loaded.main.launch(batch, programs, stream, args)
             if programs > 1:
-                loaded.combine.launch(batch, 1, stream, combine_args)
+                loaded.combine.launch(batch, 1, stream,
+                                      (out, batch, num_draft, programs, MAX_PROGRAMS_PER_REQUEST))
             return out
     main = chain_speculative_sampling_kernel[(batch, programs)](
         *args[:-4], HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
         **LAUNCH_OPTIONS)
+    combine_args = (out, batch, num_draft, programs)
     if programs > 1:
-        combine_kernel[(batch,)](*combine_args[:-1], BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
-                                 **COMBINE_LAUNCH_OPTIONS)
+        combine_kernel[(batch,)](*combine_args, BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
+                                 **LAUNCH_OPTIONS)
     if direct:  # load the combine kernel now too: a later B may need it
-        combine = triton_launch.load(combine_kernel, combine_args[:-1], (1,), dict(
-            BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **COMBINE_LAUNCH_OPTIONS))
+        combine = triton_launch.load(combine_kernel, combine_args, (1,), dict(
+            BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **LAUNCH_OPTIONS))
         _LOADED[key] = _Loaded(triton_launch.LoadedKernel(main), combine)
     return out
