@@ -49,7 +49,21 @@ def test_output_does_not_depend_on_splits():
     seed, offset = seeds(3, False)
     outs = [run_both(q, d, p, seed, offset, num_splits=s)[1][0] for s in (1, 2, 4)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
-    assert choose_num_splits(3 * 3, 3 * 1024 + 5) == 4
+    # 4 chunks: 3 programs would not hold equal numbers of chunks, so 2 of 2; few rows: 1 each.
+    assert choose_num_splits(3 * 3, 3 * 1024 + 5, torch.float32, True, requested=3) == 2
+    assert choose_num_splits(3 * 3, 3 * 1024 + 5, torch.float32, True) == 4
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_groups_of_chunks(monkeypatch, draft):
+    # A program takes its chunks' masses GROUP at a time; with 2-chunk groups, 5 chunks make
+    # groups that end inside a program's range and groups cut short by it.
+    import specops.block.launch as launch
+
+    monkeypatch.setattr(launch, "GROUP", 2)
+    q, d, p = make_inputs(4, 2, 5 * 1024 + 3, draft=draft, seed=1)
+    for splits in (1, 2):
+        assert_same(run_both(q, d, p, *seeds(4, True), num_splits=splits))
 
 
 def test_agreement_over_many_random_requests():

@@ -3,12 +3,13 @@
 
 Row pass, grid (B, N + 1, S): program (b, t, s) owns candidate row t of request b and the
 vocabulary chunks [s * chunks_per_program, (s + 1) * chunks_per_program). It recomputes w_t from
-d_0..d_{t-1} (t scalar gathers), then makes ONE pass over its chunks of p_t (and q_t while the draft
-runs at t), forming R_t chunk by chunk: its mass, and the best chunk so far of two exponential races
-(R_t and the fallback p_t), all positions of all requests in parallel. It writes (mass, two local
-winners) to a small scratch. Scan, grid (B,): h_t for every t from the masses, tau, the winner of
-row tau over the S programs, the output row and the counters. A program's result for a chunk never
-depends on which other chunks it saw, so the tokens do not depend on S.
+d_0..d_{t-1} (t scalar gathers), then, in groups of chunks, computes only the float32 chunk masses
+of R_t (and of p_t where the fallback race may be used), resolves both exponential races (R_t and
+p_t) over each group as vectors, and re-reads the one winning chunk for the inverse CDF. It writes
+(mass, both race keys, the token of the race it used) to scratch held in the output's allocation.
+Scan, grid (B,): h_t for every t from the masses, tau, the winner of row tau over the S programs,
+the output row and the counters. A chunk's mass, key and token never depend on which program owns
+it, so the tokens do not depend on S.
 
 The algorithm is that of ``reference.py``, token for token.
 """
@@ -22,37 +23,13 @@ from ..core.philox import philox_uniform, split_int64
 from ..core.race_triton import inverse_cdf, race_key, sanitize
 
 
-@triton.jit(
-    # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
-    # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
-    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "weight_ptr", "mass_ptr", "key_ptr",
-                       "token_ptr", "num_draft", "num_chunks_total", "chunks_per_program",
-                       "num_splits", "stride_ib", "stride_in", "seed_stride", "offset_stride",
-                       "seed_per_request", "cdf_slot", "race_slot0"],
-)
-def block_row_pass_kernel(
-    target_ptr, draft_ptr, ids_ptr, seed_ptr, offset_ptr,
-    weight_ptr, mass_ptr, key_ptr, token_ptr,  # scratch: (B, N+1), (B, N+1, S), (B, N+1, S, 2) x2
-    num_draft, vocab, num_chunks_total, chunks_per_program, num_splits,
-    stride_tb, stride_tn, stride_db, stride_dn,  # vocabulary stride is 1
-    stride_ib, stride_in, seed_stride, offset_stride, seed_per_request,
-    cdf_slot, race_slot0,  # Philox slots of the inverse-CDF uniform and of chunk 0's race (slots.py)
-    HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr,
-):
-    # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-
-    seed = tl.load(seed_ptr + b * seed_stride)
-    offset = tl.load(offset_ptr + b * offset_stride)
-    key_lo, key_hi = split_int64(seed)
-    off_lo, off_hi = split_int64(offset)
-    stream = tl.where(seed_per_request != 0, 0, b)
-
-    # ---- w_t = min(1, w_{t-1} p[d] / q[d]) in float64 over d_0..d_{t-1}; 0 past the draft's end.
+@triton.jit
+def _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn, stride_db,
+            stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+    """w_t = min(1, w_{t-1} p[d] / q[d]) in float64 over d_0..d_{t-1} (0 past the draft's end),
+    and whether d_0..d_{t-1} are all valid."""
     w = tl.full([], 1.0, tl.float64)
-    running = t >= 0  # True: the draft is still running
+    running = t >= 0
     for i in range(0, t):
         d = tl.load(ids_ptr + b * stride_ib + i * stride_in).to(tl.int64)
         valid = (d >= 0) & (d < vocab)
@@ -68,88 +45,302 @@ def block_row_pass_kernel(
         num = w * p
         w_next = tl.where(num < q, num / tl.where(q > 0, q, 1.0), tl.where(num > 0, 1.0, 0.0))
         w = tl.where(running, w_next, 0.0)
+    return w, running
+
+
+@triton.jit
+def _masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
+              CHUNK: tl.constexpr):
+    """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
+    (count <= GROUP), chunk first + i in slot i. The next chunk is loaded (into registers) before
+    the current one is reduced, so two chunks per program are in flight."""
+    slot = tl.arange(0, GROUP)
+    lane = tl.arange(0, CHUNK)
+    masses = tl.zeros([GROUP], tl.float32)
+    ptr = row_p + first * CHUNK
+    left = vocab - first * CHUNK  # values of the row from this chunk on
+    p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
+    for i in range(count):
+        p = sanitize(p_next)
+        if SCALED:
+            p = w_row * p
+        ptr += CHUNK
+        left -= CHUNK
+        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
+        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
+    return masses
+
+
+@triton.jit
+def _masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """float32 masses of R = max(w_row p - q, 0) and of p over chunks first .. first + count - 1,
+    chunk first + i in slot i: the row loop when q_t is read (next chunk prefetched, as above)."""
+    slot = tl.arange(0, GROUP)
+    lane = tl.arange(0, CHUNK)
+    res_masses = tl.zeros([GROUP], tl.float32)
+    p_masses = tl.zeros([GROUP], tl.float32)
+    offset = first * CHUNK
+    left = vocab - offset
+    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
+    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
+    for i in range(count):
+        p = sanitize(p_next)
+        q = sanitize(q_next)
+        offset += CHUNK
+        left -= CHUNK
+        in_range = lane < tl.where(i + 1 < count, left, 0)
+        p_next = tl.load(row_p + offset + lane, mask=in_range, other=0.0)
+        q_next = tl.load(row_q + offset + lane, mask=in_range, other=0.0)
+        res_masses = tl.where(slot == i, tl.sum(tl.maximum(w_row * p - q, 0.0), axis=0),
+                              res_masses)
+        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
+    return res_masses, p_masses
+
+
+@triton.jit
+def _chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """The CHUNK values of R_t in one chunk, 0 past V: max(w_row p - q, 0) when read_q (draft
+    given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p. With
+    w_row = 1, read_q False and removed -1: sanitised p."""
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    p = sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
+    if HAS_DRAFT:
+        q = sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
+        return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q_t is not read
+    else:
+        return tl.where(cols == removed, 0.0, w_row * p)
+
+
+@triton.jit
+def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
+    """The running best (key, chunk) of a race against the group of chunks first + i, i < count,
+    with masses[i]: lowest key wins; ties go to the lower chunk (the running best holds lower
+    chunks)."""
+    slot = tl.arange(0, GROUP)
+    keys = race_key(tl.where(slot < count, masses, 0.0), neg_log_u)
+    key = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
+    better = key < best_key
+    return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
+
+
+@triton.jit
+def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0,
+           stream, off_lo, off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
+           CHUNK: tl.constexpr):
+    """Over chunks [k_begin, k_end), in groups of GROUP chunks: the float64 mass of R_t and the
+    best (key, chunk) of the R_t race and of the p_t race; masses first, then the group's race
+    uniforms and keys as vectors. ``scaled``: w_row < 1 with draft None, the one case whose p_t
+    masses are not taken (there the p_t race is never used: R_t without mass gives h_t = 0)."""
+    # Draft None: R_t differs from (w_row times) p_t in the removed token's chunk only; its mass is
+    # taken here, before the row pass, so nothing of it stays live across the loop.
+    removed_chunk = tl.where(removed >= 0, removed // CHUNK, -1)
+    removed_mass = 0.0
+    if not HAS_DRAFT:
+        if (removed_chunk >= k_begin) & (removed_chunk < k_end):
+            removed_mass = tl.sum(_chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
+                                                removed, False, CHUNK), axis=0)
+    mass = tl.zeros([], tl.float64)
+    res_key = tl.zeros([], tl.float64) + float("inf")
+    res_chunk = tl.zeros([], tl.int64)
+    p_key = tl.zeros([], tl.float64) + float("inf")
+    p_chunk = tl.zeros([], tl.int64)
+    slot = tl.arange(0, GROUP)
+    for first in range(k_begin, k_end, GROUP):
+        count = tl.minimum(k_end - first, GROUP).to(tl.int32)
+        if read_q:
+            res_masses, p_masses = _masses_residual(row_p, row_q, w_row, first, count, vocab,
+                                                    GROUP, CHUNK)
+        elif scaled:
+            res_masses = _masses_p(row_p, w_row, first, count, vocab, True, GROUP, CHUNK)
+            res_masses = tl.where(slot == removed_chunk - first, removed_mass, res_masses)
+            p_masses = res_masses
+        else:
+            p_masses = _masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK)
+            res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
+        mass += tl.sum(res_masses.to(tl.float64), axis=0)
+        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
+        neg_log_u = -tl.log(u.to(tl.float64))
+        res_key, res_chunk = _keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
+                                        GROUP)
+        p_key, p_chunk = _keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+    return mass, res_key, res_chunk, p_key, p_chunk
+
+
+@triton.jit
+def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed, u_cdf,
+           HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
+    """The token of the race this program's result stands for, by one inverse CDF in its winning
+    chunk (read again): the R_t race wherever it has mass here (then it has mass in the row, so the
+    scan uses it), else the p_t race."""
+    use_res = res_key < float("inf")
+    chunk = tl.where(use_res, res_chunk, p_chunk)
+    values = _chunk_values(row_p, row_q, chunk, vocab, tl.where(use_res, w_row, 1.0),
+                           read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
+    return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+
+
+@triton.jit
+def _scratch(out_ptr, rows, splits):
+    """Where the scratch lies, after the (B, N+1) int32 output in its allocation (rows = B (N+1),
+    S = splits; launch.scratch_int32s sizes it): float64 (rows, S, 2) race keys (8-byte aligned),
+    float64 (rows, S) masses, float64 (rows,) weights, int32 (rows, S) tokens."""
+    keys_at = (rows + 1) // 2 * 2
+    keys_ptr = (out_ptr + keys_at).to(tl.pointer_type(tl.float64), bitcast=True)
+    mass_ptr = keys_ptr + rows * splits * 2
+    weight_ptr = mass_ptr + rows * splits
+    tokens_ptr = (weight_ptr + rows).to(tl.pointer_type(tl.int32), bitcast=True)
+    return keys_ptr, mass_ptr, weight_ptr, tokens_ptr
+
+
+@triton.jit(
+    # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
+    # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
+    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft",
+                       "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
+                       "offset_stride", "seed_per_request", "cdf_slot", "race_slot0"],
+)
+def block_row_pass_kernel(
+    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
+    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
+    ids_ptr,  # (B, N) draft token ids
+    seed_ptr,  # (1,) or (B,) int64
+    offset_ptr,  # (1,) or (B,) int64
+    out_ptr,  # (B, N+1) int32 contiguous, the scratch after it (_scratch)
+    num_draft, vocab, chunks_per_program,
+    stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+    seed_stride, offset_stride, seed_per_request,
+    cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
+    HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+):
+    # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    splits = tl.num_programs(2)
+    seed = tl.load(seed_ptr + b * seed_stride)
+    offset = tl.load(offset_ptr + b * offset_stride)
+    key_lo, key_hi = split_int64(seed)
+    off_lo, off_hi = split_int64(offset)
+    stream = tl.where(seed_per_request != 0, 0, b)
+    w, running = _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn,
+                         stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT)
     # Does the draft run at t (d_t valid, after valid d_0..d_{t-1})? Else R_t = p_t.
     is_draft = t < num_draft
     d_t = tl.load(ids_ptr + b * stride_ib + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
     running = running & is_draft & (d_t >= 0) & (d_t < vocab)
     w_row = tl.where(running, w.to(tl.float32), 1.0)  # the float32 weight R_t is formed with
-    removed = tl.where(running, d_t, -1)  # one-hot drafts: the token removed from p_t
-    q_limit = tl.where(running, vocab, 0)  # how far q_t is read (0: not at all)
+    if HAS_DRAFT:
+        removed = tl.full([], -1, tl.int64)
+    else:
+        removed = tl.where(running, d_t, -1)  # one-hot drafts: d_t leaves p_t
+    read_q = HAS_DRAFT & running
+    scaled = (removed >= 0) & (w_row != 1.0)
     row_p = target_ptr + b * stride_tb + t * stride_tn
-    if HAS_DRAFT:
-        row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
-    u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
-
-    # ---- One pass over this program's chunks of row t: mass of R_t, best chunk of both races.
-    lane = tl.arange(0, CHUNK).to(tl.int64)
-    mass = tl.zeros([], tl.float64)
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    res_vals = tl.zeros([CHUNK], tl.float32)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
-    p_vals = tl.zeros([CHUNK], tl.float32)
+    row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
     k_begin = split.to(tl.int64) * chunks_per_program
-    k_end = tl.minimum(k_begin + chunks_per_program, num_chunks_total)
-    p_limit = tl.minimum(vocab, k_end * CHUNK)
-    q_limit = tl.minimum(q_limit, k_end * CHUNK)
-    # Software prefetch in registers: chunk k + 1 is in flight while chunk k is reduced.
-    cols = k_begin * CHUNK + lane
-    p_next = tl.load(row_p + cols, mask=cols < p_limit, other=0.0)
-    if HAS_DRAFT:
-        q_next = tl.load(row_q + cols, mask=cols < q_limit, other=0.0)
-    for k in range(k_begin, k_end):
-        p = sanitize(p_next)
-        if HAS_DRAFT:
-            q = sanitize(q_next)
-        cols = k * CHUNK + lane
-        cols_next = cols + CHUNK
-        p_next = tl.load(row_p + cols_next, mask=cols_next < p_limit, other=0.0)
-        if HAS_DRAFT:
-            q_next = tl.load(row_q + cols_next, mask=cols_next < q_limit, other=0.0)
-            res = tl.maximum(w_row * p - q, 0.0)
-        else:
-            res = tl.where(cols == removed, 0.0, w_row * p)
-        w_res = tl.sum(res, axis=0)  # float32 chunk masses, as the reference's
-        w_p = tl.sum(p, axis=0)
-        mass += w_res.to(tl.float64)
-        u_race = philox_uniform(race_slot0 + k, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u_race.to(tl.float64))
-        key = race_key(w_res, neg_log_u)
-        better = key < res_key  # strict: ties keep the lower chunk
-        res_key = tl.where(better, key, res_key)
-        res_chunk = tl.where(better, k, res_chunk)
-        res_vals = tl.where(better, res, res_vals)
-        key = race_key(w_p, neg_log_u)
-        better = key < p_key
-        p_key = tl.where(better, key, p_key)
-        p_chunk = tl.where(better, k, p_chunk)
-        p_vals = tl.where(better, p, p_vals)
-
-    # ---- Local results: the scan combines the S programs of each row.
+    k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
+    mass, res_key, res_chunk, p_key, p_chunk = _races(
+        row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0, stream,
+        off_lo, off_hi, key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
+    u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
+    token = _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
+                   u_cdf, HAS_DRAFT, CHUNK)
+    # The local result, for the scan to combine over the S programs of the row.
+    rows = tl.num_programs(0).to(tl.int64) * (num_draft + 1)
+    keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)
     row = b * (num_draft + 1) + t
-    slot = (row * num_splits + split) * 2
-    tl.store(mass_ptr + row * num_splits + split, mass)
-    tl.store(key_ptr + slot, res_key)
-    tl.store(key_ptr + slot + 1, p_key)
-    tl.store(token_ptr + slot, (res_chunk * CHUNK + inverse_cdf(res_vals, u_cdf, CHUNK)).to(tl.int32))
-    tl.store(token_ptr + slot + 1, (p_chunk * CHUNK + inverse_cdf(p_vals, u_cdf, CHUNK)).to(tl.int32))
-    tl.store(weight_ptr + row, w, mask=split == 0)
+    slot = row * splits + split
+    tl.store(keys_ptr + slot * 2, res_key)
+    tl.store(keys_ptr + slot * 2 + 1, p_key)
+    tl.store(mass_ptr + slot, mass)
+    tl.store(tokens_ptr + slot, token)
+    if split == 0:
+        tl.store(weight_ptr + row, w)
+
+
+@triton.jit
+def _drafts(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
+            stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
+            HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes t = 0..N of request b: the draft ids d (-1 past N), whether the draft has ended at t,
+    and the alignment counter (token verification's coin at every position, judged alone)."""
+    t = tl.arange(0, BLOCK_N)
+    t64 = t.to(tl.int64)
+    is_draft = t < num_draft
+    d = tl.load(ids_ptr + b * stride_ib + t64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
+    valid = is_draft & (d >= 0) & (d < vocab)
+    length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
+    d_safe = tl.where(valid, d, 0)
+    p_d = sanitize(tl.load(target_ptr + b * stride_tb + t64 * stride_tn + d_safe, mask=valid,
+                           other=0.0))
+    if HAS_DRAFT:
+        q_d = sanitize(tl.load(draft_ptr + b * stride_db + t64 * stride_dn + d_safe, mask=valid,
+                               other=0.0))
+    else:
+        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
+    coins = philox_uniform(t, stream, off_lo, off_hi, key_lo, key_hi)
+    num_accepted = tl.sum((valid & (coins * q_d < p_d)).to(tl.int32), axis=0)
+    return d, t >= length, num_accepted
+
+
+@triton.jit
+def _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
+         key_lo, key_hi, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
+    """h_t = m_t / (m_t + 1 - w_t) from the row pass's masses and weights, and tau = the largest
+    t >= 1 with eta_t <= h_t (0 if none)."""
+    t = tl.arange(0, BLOCK_N)
+    is_row = t <= num_draft
+    rows = b * (num_draft + 1) + t.to(tl.int64)
+    w = tl.load(weight_ptr + rows, mask=is_row, other=0.0)
+    s = tl.arange(0, BLOCK_S)
+    partial = tl.load(mass_ptr + rows[:, None] * splits + s[None, :],
+                      mask=is_row[:, None] & (s[None, :] < splits), other=0.0)
+    row_mass = tl.sum(partial, axis=1)
+    m = tl.where(ended, w * row_mass, row_mass)
+    denominator = m + (1.0 - w)
+    h = tl.where(denominator > 0, m / tl.where(denominator > 0, denominator, 1.0), 1.0)
+    eta = philox_uniform(stop_slot0 + t, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
+    stop = (t >= 1) & is_row & (eta.to(tl.float64) <= h)
+    return tl.max(tl.where(stop, t, 0), axis=0)
+
+
+@triton.jit
+def _winner(keys_ptr, tokens_ptr, row, splits, BLOCK_S: tl.constexpr):
+    """The token of row ``row`` over its S programs: the R race's winner when it has mass in any
+    program, else the p race's (lowest key; ties: lowest program, which holds the lower chunks);
+    -1 when neither has mass."""
+    s = tl.arange(0, BLOCK_S)
+    in_range = s < splits
+    slot = row * splits + s
+    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
+    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
+    use_res = tl.min(res_keys, axis=0) < float("inf")
+    keys = tl.where(use_res, res_keys, p_keys)
+    best = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK_S), axis=0)
+    return tl.load(tokens_ptr + row * splits + winner, mask=best < float("inf"), other=-1)
 
 
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
-                       "out_ptr", "weight_ptr", "mass_ptr", "key_ptr", "token_ptr", "num_draft",
-                       "num_splits", "stride_ib", "stride_in", "stride_acc", "stride_emit",
-                       "stride_ob", "seed_stride", "offset_stride", "seed_per_request",
+                       "out_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
+                       "stride_emit", "seed_stride", "offset_stride", "seed_per_request",
                        "stop_slot0"],
 )
 def block_scan_kernel(
-    target_ptr, draft_ptr, ids_ptr, accepted_ptr, emitted_ptr, seed_ptr, offset_ptr, out_ptr,
-    weight_ptr, mass_ptr, key_ptr, token_ptr,
-    num_draft, vocab, num_splits,
-    stride_tb, stride_tn, stride_db, stride_dn,
-    stride_ib, stride_in, stride_acc, stride_emit, stride_ob,
+    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
+    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
+    ids_ptr,  # (B, N) draft token ids
+    accepted_ptr,  # (B,) counter, added to
+    emitted_ptr,  # (B,) counter, added to
+    seed_ptr,  # (1,) or (B,) int64
+    offset_ptr,  # (1,) or (B,) int64
+    out_ptr,  # (B, N+1) int32 contiguous, the row pass's scratch after it (_scratch)
+    num_draft, vocab, splits,
+    stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
     stop_slot0,  # eta_t's Philox slot is stop_slot0 + t (slots.py); coin j's is j
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -161,62 +352,20 @@ def block_scan_kernel(
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
-
-    # Lanes t = 0..N: draft positions (t < N) and candidate rows (t <= N).
+    d, ended, num_accepted = _drafts(
+        target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
+        stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi, HAS_DRAFT,
+        BLOCK_N)
+    rows = tl.num_programs(0).to(tl.int64) * (num_draft + 1)
+    keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)
+    tau = _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, off_lo,
+               off_hi, key_lo, key_hi, BLOCK_N, BLOCK_S)
+    token = _winner(keys_ptr, tokens_ptr, b * (num_draft + 1) + tau, splits, BLOCK_S)
     t = tl.arange(0, BLOCK_N)
-    t64 = t.to(tl.int64)
-    is_draft = t < num_draft
-    is_row = t <= num_draft
-    d = tl.load(ids_ptr + b * stride_ib + t64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
-    valid = is_draft & (d >= 0) & (d < vocab)
-    length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
-    ended = t >= length
-
-    # The alignment counter: token verification's coin at every position, judged alone.
-    d_safe = tl.where(valid, d, 0)
-    p_d = sanitize(tl.load(target_ptr + b * stride_tb + t64 * stride_tn + d_safe, mask=valid,
-                           other=0.0))
-    if HAS_DRAFT:
-        q_d = sanitize(tl.load(draft_ptr + b * stride_db + t64 * stride_dn + d_safe, mask=valid,
-                               other=0.0))
-    else:
-        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
-    coins = philox_uniform(t, stream, off_lo, off_hi, key_lo, key_hi)
-    num_accepted = tl.sum((valid & (coins * q_d < p_d)).to(tl.int32), axis=0)
-
-    # h_t = m_t / (m_t + 1 - w_t) and tau = the largest t >= 1 with eta_t <= h_t.
-    rows = b * (num_draft + 1) + t64
-    w = tl.load(weight_ptr + rows, mask=is_row, other=0.0)
-    s = tl.arange(0, BLOCK_S)
-    partial = tl.load(mass_ptr + rows[:, None] * num_splits + s[None, :],
-                      mask=is_row[:, None] & (s[None, :] < num_splits), other=0.0)
-    row_mass = tl.sum(partial, axis=1)
-    m = tl.where(ended, w * row_mass, row_mass)
-    denominator = m + (1.0 - w)
-    h = tl.where(denominator > 0, m / tl.where(denominator > 0, denominator, 1.0), 1.0)
-    eta = philox_uniform(stop_slot0 + t, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
-    stop = (t >= 1) & is_row & (eta.to(tl.float64) <= h)
-    tau = tl.max(tl.where(stop, t, 0), axis=0)
-
-    # The winner of row tau over the S programs: the R_tau race, else the p_tau race, else -1.
-    in_range = s < num_splits
-    base = ((b * (num_draft + 1) + tau) * num_splits + s) * 2
-    res_keys = tl.load(key_ptr + base, mask=in_range, other=float("inf"))
-    p_keys = tl.load(key_ptr + base + 1, mask=in_range, other=float("inf"))
-    res_best = tl.min(res_keys, axis=0)
-    p_best = tl.min(p_keys, axis=0)
-    res_split = tl.min(tl.where(in_range & (res_keys == res_best), s, BLOCK_S), axis=0)
-    p_split = tl.min(tl.where(in_range & (p_keys == p_best), s, BLOCK_S), axis=0)
-    use_res = res_best < float("inf")
-    has_mass = use_res | (p_best < float("inf"))
-    row_tau = b * (num_draft + 1) + tau
-    winner = tl.where(use_res, (row_tau * num_splits + res_split) * 2,
-                      (row_tau * num_splits + p_split) * 2 + 1)
-    token = tl.load(token_ptr + winner, mask=has_mass, other=-1)
-
     out = tl.where(t < tau, d.to(tl.int32), -1)
     out = tl.where(t == tau, token, out)
-    tl.store(out_ptr + b * stride_ob + t64, out, mask=is_row)
+    tl.store(out_ptr + b * (num_draft + 1) + t, out, mask=t <= num_draft)
+    # Plain read-add-write: one program per request owns the counters.
     acc_old = tl.load(accepted_ptr + b * stride_acc)
     tl.store(accepted_ptr + b * stride_acc, acc_old + num_accepted.to(acc_old.dtype))
     emit_old = tl.load(emitted_ptr + b * stride_emit)

@@ -1,34 +1,73 @@
-"""Launching the block-verification kernels: grid, programs per row, scratch, launch options."""
+"""Launching the block-verification kernels: programs per candidate row from the launch model
+(``specops/core/occupancy.py``), the output with its scratch in one allocation, two launches."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 
+from ..core.occupancy import LaunchPlan, best_plan, machine_programs, resident_programs
 from ..core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import block_row_pass_kernel, block_scan_kernel
 
-# Aim for about this many programs in flight (H100/H200: 132 SMs, ~4 programs each) when the
-# B (N + 1) rows alone cannot fill the GPU. A function of B, N and K only: reproducible launches.
-TARGET_PROGRAMS = 512
 MAX_SPLITS = 256  # most programs one row is split over (a power of two: the scan's lanes)
 NUM_WARPS = 4  # 128 threads x 8 values of a 1024-value chunk: 16-byte loads even for bf16/fp16
+# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
+GROUP = 128
 # How the kernels are built (tests/test_block_compile.py compiles with the same options). No
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": False}
-SCAN_LAUNCH_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 4}
+# Registers per thread of the compiled row pass (Triton 3.9.0, sm_90, num_warps=4), by probability
+# dtype, draft_probs given, and V % 16 == 0 (16-byte row loads; else scalar loads).
+# tests/test_block_compile.py checks them against every variant it compiles.
+REGISTERS = {
+    (torch.float32, True, True): 56,
+    (torch.float32, False, True): 64,
+    (torch.float16, True, True): 56,
+    (torch.float16, False, True): 64,
+    (torch.bfloat16, True, True): 56,
+    (torch.bfloat16, False, True): 64,
+    (torch.float32, True, False): 104,
+    (torch.float32, False, False): 80,
+    (torch.float16, True, False): 104,
+    (torch.float16, False, False): 80,
+    (torch.bfloat16, True, False): 104,
+    (torch.bfloat16, False, False): 80,
+}
 
 
-def choose_num_splits(rows: int, vocab: int, requested: int | None = None) -> int:
-    """Programs per candidate row: enough to fill the GPU when there are few rows (or
-    ``requested``), each with an equal number of chunks and none without one."""
-    chunks = num_chunks(vocab)
+def programs_held(dtype: torch.dtype, has_draft: bool, vocab: int) -> int:
+    """Programs of the row pass the whole machine holds at once."""
+    return machine_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_plan(rows: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> LaunchPlan:
+    """The plan for the row pass over ``rows`` = B (N + 1) candidate rows."""
+    resident = resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
+    chunk_bytes = CHUNK_SIZE * dtype.itemsize  # p_t only; reading q_t too scales every plan alike
+    return best_plan(max(rows, 1), num_chunks(vocab), resident, chunk_bytes, MAX_SPLITS)
+
+
+def choose_num_splits(rows: int, vocab: int, dtype: torch.dtype, has_draft: bool,
+                      requested: int | None = None) -> int:
+    """Programs per candidate row: the launch model's (or ``requested``, rounded so that every
+    program has an equal number of chunks and none has none)."""
     if requested is None:
-        requested = TARGET_PROGRAMS // max(rows, 1)
-    splits = max(1, min(chunks, MAX_SPLITS, int(requested)))
-    per_program = triton.cdiv(chunks, splits)
+        return launch_plan(rows, vocab, dtype, has_draft).programs_per_request
+    chunks = num_chunks(vocab)
+    per_program = triton.cdiv(chunks, max(1, min(chunks, MAX_SPLITS, int(requested))))
     return triton.cdiv(chunks, per_program)
+
+
+def scratch_int32s(rows: int, splits: int) -> int:
+    """int32 words the output allocation holds past the (B, N+1) output (kernel._scratch), for
+    rows = B (N + 1): 8-byte alignment padding, float64 (rows, S, 2) keys, float64 (rows, S)
+    masses, float64 (rows,) weights, int32 (rows, S) tokens."""
+    return rows % 2 + rows * splits * 4 + rows * splits * 2 + rows * 2 + rows * splits
 
 
 def block_speculative_sampling_triton(
@@ -44,50 +83,46 @@ def block_speculative_sampling_triton(
     """Same contract as ``reference.block_speculative_sampling_reference``.
 
     ``num_splits`` overrides the programs per row (tests use it to show the output does not depend
-    on it). No host synchronisation; two launches; a scratch of (B, N + 1, S) masses and winners.
+    on it). No host synchronisation; two launches; one allocation, private to the call (safe on
+    concurrent streams and in CUDA graphs): the output, with the scratch after it.
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
-    device = target_probs.device
-    out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=device)
-    if batch == 0:
-        return out
+    has_draft = draft_probs is not None
     if target_probs.stride(2) != 1:  # the row pass needs unit vocabulary stride (16-byte loads)
         target_probs = target_probs.contiguous()
-    if draft_probs is not None and draft_probs.stride(2) != 1:
+    if has_draft and draft_probs.stride(2) != 1:
         draft_probs = draft_probs.contiguous()
+    rows = batch * (num_draft + 1)
+    splits = choose_num_splits(rows, vocab, target_probs.dtype, has_draft, num_splits)
+    storage = torch.empty(rows + scratch_int32s(rows, splits), dtype=torch.int32,
+                          device=target_probs.device)
+    out = storage.as_strided((batch, num_draft + 1), (num_draft + 1, 1))
+    if batch == 0:
+        return out
 
-    chunks = num_chunks(vocab)
-    splits = choose_num_splits(batch * (num_draft + 1), vocab, num_splits)
-    per_program = triton.cdiv(chunks, splits)
-    weight = torch.empty((batch, num_draft + 1), dtype=torch.float64, device=device)
-    mass = torch.empty((batch, num_draft + 1, splits), dtype=torch.float64, device=device)
-    key = torch.empty((batch, num_draft + 1, splits, 2), dtype=torch.float64, device=device)
-    token = torch.empty((batch, num_draft + 1, splits, 2), dtype=torch.int32, device=device)
-
-    has_draft = draft_probs is not None
     draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
-    stride_db, stride_dn = (draft_probs.stride(0), draft_probs.stride(1)) if has_draft else (0, 0)
+    stride_tb, stride_tn, _ = target_probs.stride()
+    stride_db, stride_dn = draft_probs.stride()[:2] if has_draft else (0, 0)
+    stride_ib, stride_in = draft_token_ids.stride()
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
     per_request = int(seed.numel() != 1)
     block_row_pass_kernel[(batch, num_draft + 1, splits)](
-        target_probs, draft, draft_token_ids, seed, offset, weight, mass, key, token,
-        num_draft, vocab, chunks, per_program, splits,
-        target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
-        draft_token_ids.stride(0), draft_token_ids.stride(1), seed_stride, offset_stride,
-        per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
-        HAS_DRAFT=has_draft, CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
+        target_probs, draft, draft_token_ids, seed, offset, out,
+        num_draft, vocab, triton.cdiv(num_chunks(vocab), splits),
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+        seed_stride, offset_stride, per_request,
+        slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
+        HAS_DRAFT=has_draft, GROUP=GROUP, CHUNK=CHUNK_SIZE, **LAUNCH_OPTIONS,
     )
     block_scan_kernel[(batch,)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        weight, mass, key, token,
         num_draft, vocab, splits,
-        target_probs.stride(0), target_probs.stride(1), stride_db, stride_dn,
-        draft_token_ids.stride(0), draft_token_ids.stride(1), accepted_num.stride(0),
-        emitted_num.stride(0), out.stride(0), seed_stride, offset_stride, per_request,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+        accepted_num.stride(0), emitted_num.stride(0), seed_stride, offset_stride, per_request,
         slots.stop_slot(num_draft, 0),
         HAS_DRAFT=has_draft, BLOCK_N=triton.next_power_of_2(num_draft + 1),
-        BLOCK_S=MAX_SPLITS, **SCAN_LAUNCH_OPTIONS,  # fixed: the batch size selects no kernel
+        BLOCK_S=MAX_SPLITS, **LAUNCH_OPTIONS,  # BLOCK_S fixed: the batch size selects no kernel
     )
     return out
