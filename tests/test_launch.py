@@ -1,7 +1,7 @@
-"""The launch model (specops/chain/occupancy.py) and the launcher's host side
-(specops/chain/launch.py).
+"""The launch model (specops/core/occupancy.py, with each sampler's part: chain/occupancy.py and
+block/launch.py) and the launchers' host side (specops/chain/launch.py, specops/block/launch.py).
 
-The model picks the programs per request for every batch size; these tests hold it to the two
+The model picks the programs per row for every batch size; these tests hold it to the two
 properties that matter on an H200: the machine is kept busy wherever the work can fill it, and the
 predicted time never jumps between neighbouring batch sizes (no occupancy cliffs).
 """
@@ -11,26 +11,41 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specops.chain import occupancy
+from specops.block import launch as block_launch
+from specops.chain import occupancy as chain_occupancy
+from specops.core import occupancy
 from specops.core.race import num_chunks
 
 VOCABS = (32000, 128256, 151936)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BATCHES = range(1, 4097)
+BLOCK_NUM_DRAFT = 4  # block verification: B (N + 1) candidate rows
 
 
+def chain_plans(vocab, dtype, has_draft):
+    return (chain_occupancy.programs_held(dtype, has_draft, vocab),
+            chain_occupancy.MAX_PROGRAMS_PER_REQUEST, 1,
+            [chain_occupancy.launch_plan(batch, vocab, dtype, has_draft) for batch in BATCHES])
+
+
+def block_plans(vocab, dtype, has_draft):
+    rows = BLOCK_NUM_DRAFT + 1
+    return (block_launch.programs_held(dtype, has_draft, vocab), block_launch.MAX_SPLITS, rows,
+            [block_launch.launch_plan(batch * rows, vocab, dtype, has_draft) for batch in BATCHES])
+
+
+@pytest.mark.parametrize("sampler", [chain_plans, block_plans], ids=["chain", "block"])
 @pytest.mark.parametrize("has_draft", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_no_occupancy_cliffs(dtype, has_draft):
+def test_no_occupancy_cliffs(dtype, has_draft, sampler):
     for vocab in VOCABS:
         chunks = num_chunks(vocab)
-        slots = occupancy.slots(dtype, has_draft, vocab)
-        plans = [occupancy.launch_plan(batch, vocab, dtype, has_draft) for batch in BATCHES]
+        held, max_programs, rows_per_request, plans = sampler(vocab, dtype, has_draft)
         for batch, plan in zip(BATCHES, plans):
-            assert 1 <= plan.programs_per_request <= min(chunks, occupancy.MAX_PROGRAMS_PER_REQUEST)
+            assert 1 <= plan.programs_per_request <= min(chunks, max_programs)
             # Every program has chunks_per_program chunks but the last, which has at least one.
             assert (plan.programs_per_request - 1) * plan.chunks_per_program < chunks
-            if batch * chunks >= occupancy.FILL_CHUNKS_PER_SLOT * slots:
+            if batch * rows_per_request * chunks >= occupancy.FILL_CHUNKS_PER_SLOT * held:
                 assert plan.busy >= 0.85, (vocab, batch, plan)
         for batch, (before, after) in enumerate(zip(plans, plans[1:]), start=1):
             assert after.time <= 1.3 * before.time, (vocab, batch, before, after)
@@ -38,14 +53,18 @@ def test_no_occupancy_cliffs(dtype, has_draft):
 
 def test_model_matches_the_figures_it_was_built_from():
     # 56 registers: 7 blocks of 256 per warp, 28 per program: 9 programs (36 warps) per SM.
-    assert occupancy.resident_programs(56) == 9
-    assert occupancy.resident_programs(64) == 8
-    assert occupancy.resident_programs(115) == 4  # the one-pass kernel with float64 keys
+    assert occupancy.resident_programs(56, 4) == 9
+    assert occupancy.resident_programs(64, 4) == 8
+    assert occupancy.resident_programs(115, 4) == 4  # the one-pass kernel with float64 keys
+    assert occupancy.machine_programs(56, 4) == 132 * 9
     # B = 1, V = 151936: one chunk per program, as many programs as chunks.
-    assert occupancy.programs_per_request(1, 151936, torch.bfloat16, True) == 149
+    assert chain_occupancy.programs_per_request(1, 151936, torch.bfloat16, True) == 149
     # Many requests: one program per request unless the wave tail says otherwise; busy.
-    assert occupancy.programs_per_request(1188, 151936, torch.bfloat16, True) == 1
-    assert occupancy.launch_plan(4096, 151936, torch.bfloat16, True).busy > 0.95
+    assert chain_occupancy.programs_per_request(1188, 151936, torch.bfloat16, True) == 1
+    assert chain_occupancy.launch_plan(4096, 151936, torch.bfloat16, True).busy > 0.95
+    # Block verification: its rows are the requests' candidate rows; the same model.
+    assert block_launch.launch_plan(5, 151936, torch.bfloat16, True).programs_per_request == 149
+    assert block_launch.launch_plan(4096 * 5, 151936, torch.bfloat16, True).busy > 0.95
 
 
 # Run with the stand-in CUDA driver (benchmarks/standin_driver.py): Triton's real launch path on CPU

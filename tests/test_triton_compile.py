@@ -166,7 +166,8 @@ def test_issue_bound_beats_the_goal(compiled):
 def test_registers_are_those_the_launch_model_assumes(compiled):
     import torch
 
-    from specops.chain.occupancy import REGISTERS, SMS, resident_programs
+    from specops.chain.occupancy import NUM_WARPS, REGISTERS
+    from specops.core.occupancy import SMS, resident_programs
 
     for s, res in specialisations(compiled):
         if "resources" not in res:
@@ -178,5 +179,5 @@ def test_registers_are_those_the_launch_model_assumes(compiled):
         if s["ids"] == "i64" and s["block_n"] == 8:
             assert registers == assumed, (s, registers)
         # Shared memory never limits residency below the register limit (228 KB per SM).
-        assert res["resources"]["SHARED"] * resident_programs(assumed) <= 228 * 1024, s
+        assert res["resources"]["SHARED"] * resident_programs(assumed, NUM_WARPS) <= 228 * 1024, s
     assert SMS == 132
