@@ -8,6 +8,7 @@ TRITON_INTERPRET (conftest.py sets it for this process).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -163,3 +164,68 @@ def test_make_fx_and_vmap_see_the_registered_op():
     # kernel that would read batched tensors as plain ones.
     with pytest.raises(RuntimeError, match="chain_speculative_sampling"):
         torch.vmap(lambda p: specops.chain_speculative_sampling(None, d[0:1], p[None], seed=1)[0])(p)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registered op's own eager path: custom_op's Python wrappers skipped, nothing else changed
+
+CUSTOM_OP_WRAPPERS = {"autograd_impl", "adinplaceorview_impl", "backend_impl", "fill_defaults"}
+
+
+def python_functions_called(fn):
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.add(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+def op_args(batch):
+    return (torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, dtype=torch.int64),
+            torch.arange(batch) * 7, torch.tensor([3]))
+
+
+def test_registered_op_skips_custom_op_wrappers_in_plain_eager_calls():
+    q, d, p = inputs()
+    acc, emit, seed, offset = op_args(d.shape[0])
+    called = python_functions_called(lambda: OP(q, d, p, acc, emit, seed, offset))
+    assert "run" in called  # the op's eager entry ran
+    assert not called & CUSTOM_OP_WRAPPERS, called & CUSTOM_OP_WRAPPERS
+    # Recorded calls still go through custom_op's machinery (its version bump, the fake, modes).
+    with OpRecorder() as recorder:
+        called = python_functions_called(lambda: OP(q, d, p, acc, emit, seed, offset))
+    assert OP.default in recorder.ops and "adinplaceorview_impl" in called
+
+
+@pytest.mark.parametrize("context", ["plain", "no_grad", "inference_mode", "dispatch_mode",
+                                     "requires_grad"])
+def test_registered_op_same_tokens_on_every_path(context):
+    q, d, p = inputs()
+    batch = d.shape[0]
+    expected = specops.chain_speculative_sampling(q, d, p, seed=torch.arange(batch) * 7,
+                                                  offset=3)
+    if context == "requires_grad":
+        q, p = q.clone().requires_grad_(), p.clone().requires_grad_()
+    manager = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+               "dispatch_mode": OpRecorder}.get(context)
+    with manager() if manager else contextlib.nullcontext():
+        acc, emit, seed, offset = op_args(batch)
+        out = OP(q, d, p, acc, emit, seed, offset)
+    assert torch.equal(out, expected[0])
+    assert torch.equal(acc, expected[1]) and torch.equal(emit.to(torch.int32), expected[2])
+    assert not out.requires_grad
+
+
+def test_opcheck_with_inputs_that_require_grad():
+    # opcheck's autograd-registration test needs an input that requires grad.
+    q, d, p = inputs(batch=3, num_draft=2, vocab=64)
+    acc, emit, seed, offset = op_args(3)
+    torch.library.opcheck(OP, (q.requires_grad_(), d, p.requires_grad_(), acc, emit, seed,
+                               offset, True))

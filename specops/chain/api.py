@@ -19,6 +19,7 @@ import torch
 
 from ..block import op as _block_op
 from ..core.checks import ArgumentNames, check_arguments, check_counters_apart
+from ..core.registry import is_plain_eager
 from ..core.seeding import SeedLike, resolve_seed_and_offset
 from . import op as _op
 
@@ -27,27 +28,8 @@ PUBLIC_NAMES = ArgumentNames(
     accepted_num="maybe_output_accepted_token_num",
     emitted_num="maybe_output_emitted_draft_token_num",
 )
-_FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
-
-
-def _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed, offset):
-    """Whether nothing but eager execution can see this call: every tensor is a plain
-    torch.Tensor, and no compiler, mode, transform or tracer is active."""
-    plain = torch.Tensor
-    if (type(target_probs) is not plain or type(draft_token_ids) is not plain
-            or type(accepted) is not plain or type(emitted) is not plain
-            or (draft_probs is not None and type(draft_probs) is not plain)
-            or (isinstance(seed, torch.Tensor) and type(seed) is not plain)
-            or (isinstance(offset, torch.Tensor) and type(offset) is not plain)):
-        return False
-    return not (torch.compiler.is_compiling()
-                or torch._C._len_torch_dispatch_stack()
-                or torch._C._len_torch_function_stack()
-                or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTORCH_ACTIVE)
-                or torch._C._get_tracing_state() is not None)
-
-
 VERIFICATIONS = ("token", "block")
+
 
 def chain_speculative_sampling(
     draft_probs: Optional[torch.Tensor],
@@ -98,8 +80,8 @@ def chain_speculative_sampling(
     if emitted is None:
         emitted = torch.zeros(batch, dtype=torch.int32, device=device)
 
-    eager = _plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed,
-                         offset)
+    eager = is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed,
+                           offset)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,

@@ -7,12 +7,16 @@ from .cpu import chain_speculative_sampling_cpu
 from .reference import chain_speculative_sampling_reference
 
 
+_launch = None
+
+
 def _triton():
     # Imported on first use (importing triton is not free); read from the module at every call,
     # so that a replaced launcher (tests monkeypatch it) is the one called.
-    from . import launch
-
-    return launch.chain_speculative_sampling_triton
+    global _launch
+    if _launch is None:
+        from . import launch as _launch
+    return _launch.chain_speculative_sampling_triton
 
 
 chain_speculative_sampling_op = register_verifier(

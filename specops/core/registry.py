@@ -5,8 +5,11 @@ arguments and returns output_token_ids (B, N + 1) int32, so they share one schem
 entry: argument checks, the optional value checks, then the backend ``SPECOPS_BACKEND`` selects.
 
 The op is a ``torch.library.custom_op``: what ``torch.compile``, ``opcheck`` and CUDA graphs see.
-Its Python wrappers cost several bare launches of host time per call, so the public functions call
-``run`` directly when nothing traces the call (docs/decisions.md, "Host path").
+custom_op's Python wrappers (autograd, in-place version bump, backend check) cost several bare
+launches of host time per call, so a plain eager call skips them: the public functions call ``run``
+themselves, and the op's CPU and CUDA autograd keys hold a kernel that runs the op at once when
+nothing but eager execution can see the call, and hands it on below autograd otherwise
+(docs/decisions.md, "Host path").
 """
 
 from __future__ import annotations
@@ -26,6 +29,24 @@ VERIFIER_SCHEMA = (
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
     "bool deterministic=True) -> Tensor"
 )
+
+_FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
+_PLAIN = torch.Tensor
+
+
+def is_plain_eager(*values) -> bool:
+    """Whether nothing but eager execution can see a call with these arguments: every tensor among
+    them a plain torch.Tensor, and no compiler, dispatch or function mode, functorch transform or
+    TorchScript tracer active (anything that may record the call must see the registered op)."""
+    for value in values:
+        if type(value) is not _PLAIN and isinstance(value, torch.Tensor):
+            return False
+    return not (torch.compiler.is_compiling()
+                or torch._C._len_torch_dispatch_stack()
+                or torch._C._len_torch_function_stack()
+                or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTORCH_ACTIVE)
+                or torch._C._get_tracing_state() is not None)
+
 
 class Verifier(NamedTuple):
     """A registered verifier: the op, and its eager entry for arguments already checked."""
@@ -91,9 +112,33 @@ def register_verifier(
         qualname,
         kernel,
         mutates_args=("accepted_num", "emitted_num"),
-        device_types=("cpu", "cuda"),
         schema=VERIFIER_SCHEMA,
     )
     op.register_fake(fake)
     namespace, name = qualname.split("::")
-    return Verifier(op=getattr(getattr(torch.ops, namespace), name).default, run=run)
+    overload = getattr(getattr(torch.ops, namespace), name).default
+
+    def plain_eager_or_below_autograd(keyset, draft_probs, draft_token_ids, target_probs,
+                                      accepted_num, emitted_num, seed, offset, deterministic=True):
+        # The outputs are integers: there is no gradient to record, only the counters' versions
+        # to bump, which run() does. Anything that may record the call goes on to the fake,
+        # functionalisation and modes below autograd, through custom_op's version bump.
+        if is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                          seed, offset):
+            return kernel(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                          seed, offset)
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keyset & torch._C._after_autograd_keyset, draft_probs,
+                                       draft_token_ids, target_probs, accepted_num, emitted_num,
+                                       seed, offset, deterministic)
+
+    # Runtime keys of their own: registering over custom_op's own keys is refused by older torch.
+    shortcuts = torch.library.Library(namespace, "IMPL")
+    for device in ("CPU", "CUDA"):
+        shortcuts.impl(name, plain_eager_or_below_autograd, "Autograd" + device, with_keyset=True)
+        shortcuts.impl(name, kernel, device)
+    _SHORTCUT_LIBRARIES.append(shortcuts)  # a registration lives as long as its library object
+    return Verifier(op=overload, run=run)
+
+
+_SHORTCUT_LIBRARIES: list = []

@@ -80,10 +80,12 @@ def random_seed_and_offset(
     if generator is not None and torch.compiler.is_compiling():
         raise TypeError(GENERATOR_UNDER_COMPILE)
     # torch.randint (unlike Tensor.random_) also traces under torch.compile(fullgraph=True).
+    # Drawn as (2, 1), the values of a (2,) draw, so that one unbind gives both 1-element rows.
     drawn = torch.randint(
-        -(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device, generator=generator
+        -(2**63), 2**63 - 1, (2, 1), dtype=torch.int64, device=device, generator=generator
     )
-    return drawn[:1], drawn[1:]
+    seed, offset = drawn.unbind(0)
+    return seed, offset
 
 
 def resolve_seed_and_offset(
