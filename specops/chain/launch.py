@@ -128,19 +128,19 @@ def chain_speculative_sampling_triton(
     lanes, cdf_slot, race_slot0 = _per_num_draft(num_draft)
     args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
             num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-            accepted_num.stride(0), emitted_num.stride(0),
-            seed.stride(0) if seed_per_request else 0,
-            offset.stride(0) if offset.numel() != 1 else 0, int(seed_per_request), per_program,
+            accepted_num.stride()[0], emitted_num.stride()[0],  # stride() is the cheaper call
+            seed.stride()[0] if seed_per_request else 0,
+            offset.stride()[0] if offset.numel() != 1 else 0, int(seed_per_request), per_program,
             cdf_slot, race_slot0, has_draft, lanes, GROUP, CHUNK_SIZE)
 
-    direct = triton_launch.direct_launch_supported() and not triton_launch.hooks_set()
+    direct = triton_launch.can_launch_directly()
     if direct:
         device, stream = triton_launch.current_device_and_stream()
         # Seed and offset are int64 and draft_probs has target_probs' dtype (checks.py).
         key = (device, target_probs.dtype, has_draft, lanes, draft_token_ids.dtype,
-               accepted_num.dtype, emitted_num.dtype, _row_alignment(
-                   target_probs.data_ptr(), draft.data_ptr(), vocab, stride_tb, stride_tn,
-                   stride_db, stride_dn))
+               accepted_num.dtype, emitted_num.dtype,
+               _row_alignment(target_probs.data_ptr(), draft.data_ptr(), vocab, stride_tb,
+                              stride_tn, stride_db, stride_dn))
         loaded = _LOADED.get(key)
         if loaded is not None:
             loaded.main.launch(batch, programs, stream, args)

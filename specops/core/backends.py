@@ -14,13 +14,14 @@ _RAW_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else Non
 
 
 _DECODED: dict = {}  # name -> (the raw value object last seen, its decoded value)
+_ENCODED = {name: name.encode() for name in ("SPECOPS_BACKEND", "SPECOPS_VALIDATE")}
 
 
 def read_environment(name: str) -> str | None:
     """os.environ.get(name), decoding a value only when it changed."""
     if _RAW_ENVIRON is None:
         return os.environ.get(name)
-    raw = _RAW_ENVIRON.get(name.encode())  # the names are ASCII
+    raw = _RAW_ENVIRON.get(_ENCODED.get(name) or name.encode())  # the names are ASCII
     if raw is None:
         return None
     seen = _DECODED.get(name)

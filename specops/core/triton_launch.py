@@ -38,10 +38,13 @@ def direct_launch_supported() -> bool:
     return _CALL in source and "*bound_args.values())" in source
 
 
-def hooks_set() -> bool:
-    """A profiler's launch hooks are set: launches must go through kernel[grid] for them."""
-    knobs = triton.knobs
-    return _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)
+def can_launch_directly() -> bool:
+    """The direct path is supported here and no profiler's launch hooks are set (launches must go
+    through kernel[grid] for them)."""
+    if not direct_launch_supported():
+        return False
+    runtime = triton.knobs.runtime
+    return not (_active(runtime.launch_enter_hook) or _active(runtime.launch_exit_hook))
 
 
 def _active(hook) -> bool:
