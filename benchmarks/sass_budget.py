@@ -1,18 +1,22 @@
-"""Instruction budget of the chain kernel's row loops, read from its SASS (sm_90 compile, no GPU).
+"""Instruction budget of the row loops of the chain kernel and of the block-verification row pass,
+read from their SASS (sm_90 compile, no GPU).
 
-The row pass streams 1024-value chunks; on an H200 an SM issues at most 4 warp-instructions per
+A row pass streams 1024-value chunks; on an H200 an SM issues at most 4 warp-instructions per
 cycle, so a loop that spends I warp-instructions per byte cannot go faster than
-132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does.  This compiles every variant of the
-kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with the
+132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does.  This compiles every variant of each
+kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with its
 launcher's own options, disassembles it with line information (nvdisasm, shipped with Triton),
-finds each row loop (an innermost loop of the functions kernel._masses_p / _masses_residual),
-counts its instructions, and prints per variant the instructions per byte and that bound.
+finds each row loop (an innermost loop of the kernel's _masses_p / _masses_residual), counts its
+instructions, and prints per variant the instructions per byte and that bound.
 
-    python benchmarks/sass_budget.py            # the table (about 20 s)
+    python benchmarks/sass_budget.py            # both tables (about 30 s)
 
-Variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice the
-bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
-tests/test_triton_compile.py asserts GOAL for every variant with these functions.
+Chain variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice
+the bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
+Block variants: a row where the draft runs reads q_t too (the residual loop); with draft_probs None
+it reads p_t alone, weighted by w_t when w_t < 1 (the scaled loop); a row where the draft has ended,
+or w_t = 1 without draft_probs, reads p_t (the p loop).  tests/test_triton_compile.py and
+tests/test_block_compile.py assert GOAL for every variant with these functions.
 """
 
 from __future__ import annotations
@@ -86,6 +90,29 @@ def compile_combine():
                           target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
 
 
+def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
+    """triton.compile of the block-verification row pass as its launcher would specialise it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specops.block.kernel import block_row_pass_kernel as kernel
+    from specops.block.launch import GROUP, LAUNCH_OPTIONS
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "seed_ptr": "*i64", "offset_ptr": "*i64", "out_ptr": "*i32"}
+    constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
+    row_arguments = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
+                     "stride_dn")  # the arguments not in its do_not_specialize list
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        if aligned and name in row_arguments:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+
+
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
     """(label or '', instruction text, kernel.py source lines of it, innermost first) per line of
     SASS; labels come as ('.L_x_3', '', ())."""
@@ -138,44 +165,67 @@ def function_lines(fn) -> range:
     return range(first, first + len(source))
 
 
-def row_loops(kernel) -> dict[str, dict]:
+def row_loop_functions(sampler: str) -> dict[str, list[range]]:
+    """Loop name -> the source lines that mark it, for each row loop of a sampler's kernel. The
+    block kernel's _masses_p compiles to two loops, told apart by its weighting line."""
+    if sampler == "chain":
+        from specops.chain import kernel as source
+    else:
+        from specops.block import kernel as source
+    functions = {"p": [function_lines(source._masses_p)],
+                 "residual": [function_lines(source._masses_residual)]}
+    if sampler == "block":
+        lines, first = inspect.getsourcelines(source._masses_p.fn)
+        weighting = [first + i for i, line in enumerate(lines) if "p = w_row * p" in line]
+        functions["scaled"] = [function_lines(source._masses_p), range(weighting[0],
+                                                                       weighting[0] + 1)]
+    return functions
+
+
+def row_loops(kernel, sampler: str = "chain") -> dict[str, dict]:
     """The row loops of a compiled kernel, by the function they come from: instructions per
     iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
-    from specops.chain import kernel as source
-
-    functions = {"p": function_lines(source._masses_p),
-                 "residual": function_lines(source._masses_residual)}
+    functions = row_loop_functions(sampler)
     rows = disassemble(kernel.asm["cubin"])
     found = {}
     for first, last in innermost_loops(rows):
         body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
-        for name, span in functions.items():
-            if any(line in span for _, lines in body for line in lines):
-                found[name] = {
-                    "instructions": len(body),
-                    "loads16": sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body),
-                    "opcodes": [t.split()[0] if not t.startswith("@") else t.split()[1]
-                                for t, _ in body],
-                }
+        touched = {line for _, lines in body for line in lines}
+        # The most specific name whose every marking span the loop touches.
+        names = [name for name, spans in functions.items()
+                 if all(touched.intersection(span) for span in spans)]
+        if names:
+            name = max(names, key=lambda n: len(functions[n]))
+            found[name] = {
+                "instructions": len(body),
+                "loads16": sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body),
+                "opcodes": [t.split()[0] if not t.startswith("@") else t.split()[1]
+                            for t, _ in body],
+            }
     return found
 
 
-def budget(prob: str, draft: bool, kernel=None) -> list[dict]:
+LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
+
+
+def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[dict]:
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
-    from specops.chain.launch import NUM_WARPS
+    if sampler == "chain":
+        from specops.chain.launch import NUM_WARPS
+    else:
+        from specops.block.launch import NUM_WARPS
 
-    kernel = kernel or compile_main(prob, draft)
+    kernel = kernel or (compile_main if sampler == "chain" else compile_block_row_pass)(prob, draft)
     elem = PROB_DTYPES[prob]
     out = []
-    for name, loop in sorted(row_loops(kernel).items()):
+    for name, loop in sorted(row_loops(kernel, sampler).items()):
         rows_read = 2 if name == "residual" else 1
         chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (NUM_WARPS * 32))
         per_chunk = loop["instructions"] / chunks
         chunk_bytes = rows_read * CHUNK * elem
         per_byte = per_chunk * NUM_WARPS / chunk_bytes
-        out.append({"variant": f"{prob} draft={'given' if draft else 'None'} "
-                               f"{'residual read' if name == 'residual' else 'p only'}",
+        out.append({"variant": f"{prob} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
                     "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
                     "bytes_per_chunk": chunk_bytes, "instructions_per_byte": per_byte,
                     "issue_bound": issue_bound(per_byte)})
@@ -184,18 +234,20 @@ def budget(prob: str, draft: bool, kernel=None) -> list[dict]:
 
 def main() -> int:
     os.environ.pop("TRITON_INTERPRET", None)
-    print(f"{'variant':38} {'instr/chunk/warp':>16} {'bytes/chunk':>11} {'instr/byte':>10} "
-          f"{'issue bound':>12}")
     ok = True
-    for prob in PROB_DTYPES:
-        kernel_by_draft = {draft: compile_main(prob, draft) for draft in (True, False)}
-        for draft, kernel in kernel_by_draft.items():
-            for row in budget(prob, draft, kernel):
-                ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                print(f"{row['variant']:38} {row['instructions_per_chunk']:16.1f} "
-                      f"{row['bytes_per_chunk']:11d} {row['instructions_per_byte']:10.4f} "
-                      f"{row['issue_bound'] / 1e12:9.2f} TB/s")
-            print(f"{'':38} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    for sampler, compile_variant in (("chain", compile_main), ("block", compile_block_row_pass)):
+        print(f"{sampler + ' kernel':38} {'instr/chunk/warp':>16} {'bytes/chunk':>11} "
+              f"{'instr/byte':>10} {'issue bound':>12}")
+        for prob in PROB_DTYPES:
+            for draft in (True, False):
+                kernel = compile_variant(prob, draft)
+                for row in budget(prob, draft, kernel, sampler):
+                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+                    print(f"{row['variant']:38} {row['instructions_per_chunk']:16.1f} "
+                          f"{row['bytes_per_chunk']:11d} {row['instructions_per_byte']:10.4f} "
+                          f"{row['issue_bound'] / 1e12:9.2f} TB/s")
+                print(f"{'':38} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+        print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
     return 0 if ok else 1

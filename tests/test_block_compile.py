@@ -1,7 +1,13 @@
 """Ahead-of-time compilation of the block-verification kernels for Hopper (sm_90), no GPU needed
-(the approach of tests/test_triton_compile.py): the row pass must read its rows with 16-byte loads
-(``ld.global.v4``) and nothing may spill to local memory. Compiled in a subprocess without
+(the approach of tests/test_triton_compile.py; benchmarks/sass_budget.py does the compiling and the
+reading): the row pass's loops must read their rows with 16-byte loads only and stay within the
+instruction budget, nothing may spill to local memory, and the row pass's registers per thread must
+be those its launch model (specops/block/launch.py) assumes. Compiled in a subprocess without
 TRITON_INTERPRET (under the interpreter ``@triton.jit`` builds objects that cannot be compiled).
+
+What the launcher varies (compile-time): the probability dtype, draft_probs given or None, the
+16-divisibility of V, the row strides and the row pointers, and for the scan BLOCK_N
+(next_pow2(N + 1)) and the id and counter dtypes.
 """
 
 from __future__ import annotations
@@ -16,76 +22,73 @@ import pytest
 triton = pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
-# (probability dtype, draft_probs given) for the row pass; (dtype, draft, BLOCK_N, BLOCK_S) for the scan.
-ROW_SPECS = [(prob, draft) for prob in ("fp32", "fp16", "bf16") for draft in (True, False)]
-SCAN_SPECS = [("bf16", True, 4, 1), ("fp32", False, 8, 256), ("fp16", True, 16, 32)]
+# (probability dtype, draft_probs given, aligned, id dtype) for the row pass;
+# (dtype, draft, BLOCK_N) for the scan.
+ROW_SPECS = ([(prob, draft, True, "i64") for prob in TORCH_DTYPES for draft in (True, False)]
+             + [(prob, draft, False, "i64") for prob in TORCH_DTYPES for draft in (True, False)]
+             + [("bf16", True, True, "i32")])
+SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16)]
 
 WORKER = r'''
-import inspect, json, os, re, subprocess, sys
+import inspect, json, re, sys
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
-from specops.block.launch import LAUNCH_OPTIONS, SCAN_LAUNCH_OPTIONS
-from specops.block.kernel import block_row_pass_kernel as ROW, block_scan_kernel as SCAN
-
-TARGET = GPUTarget("cuda", 90, 32)
-D16 = [["tt.divisibility", 16]]
-ROW_INTS = ("vocab", "stride_tb", "stride_tn", "stride_db", "stride_dn")
-
-
-def cuobjdump():
-    here = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    return os.environ.get("TRITON_CUOBJDUMP_PATH", here)
-
-
-def resources(cubin):
-    path = "/tmp/specops_block_%d.cubin" % os.getpid()
-    with open(path, "wb") as f:
-        f.write(cubin)
-    try:
-        text = subprocess.run([cuobjdump(), "--dump-resource-usage", path], capture_output=True,
-                              text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    found = {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text)}
-    sass = subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True).stdout
-    found["STL"] = len(re.findall(r"\bSTL\b", sass))
-    found["LDL"] = len(re.findall(r"\bLDL\b", sass))
-    return found
-
-
-def compile_one(fn, types, constexprs, options):
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
-        if name.endswith("_ptr") or name in ROW_INTS:
-            attrs[(i,)] = D16
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
-                            options=options)
-    ptx = kernel.asm["ptx"]
-    return {"v4_loads": [l.strip() for l in ptx.splitlines() if "ld.global.v4" in l],
-            "local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", ptx)),
-            "resources": resources(kernel.asm["cubin"])}
-
+import sass_budget  # benchmarks/
+from specops.block.launch import LAUNCH_OPTIONS, MAX_SPLITS
+from specops.block.kernel import block_scan_kernel as SCAN
 
 if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     print(json.dumps({"skip": "ASTSource API of triton < 3.3"}))
     sys.exit(0)
-row_specs, scan_specs = json.loads(sys.argv[1])
-out = {"row": [], "scan": []}
-for prob, draft in row_specs:
-    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*i64",
-             "seed_ptr": "*i64", "offset_ptr": "*i64", "weight_ptr": "*fp64", "mass_ptr": "*fp64",
-             "key_ptr": "*fp64", "token_ptr": "*i32"}
-    out["row"].append(compile_one(ROW, types, {"HAS_DRAFT": draft, "CHUNK": 1024}, LAUNCH_OPTIONS))
-for prob, draft, block_n, block_s in scan_specs:
+
+
+def report(kernel, with_loops):
+    ptx = kernel.asm["ptx"]
+    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", ptx))}
+    try:
+        found["resources"] = sass_budget.resources(kernel.asm["cubin"])
+        rows = sass_budget.disassemble(kernel.asm["cubin"])
+    except OSError:  # no nvdisasm/cuobjdump beside this triton
+        return found
+    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
+               for _, text, _ in rows if text]
+    found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
+    if with_loops:
+        loops = sass_budget.row_loops(kernel, "block")
+        found["row_loops"] = {name: {"loads16": l["loads16"], "other_loads": sum(
+            op.startswith("LDG") and op != "LDG.E.128" for op in l["opcodes"])}
+            for name, l in loops.items()}
+    return found
+
+
+def compile_scan(prob, draft, block_n):
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*i32",
              "accepted_ptr": "*i32", "emitted_ptr": "*i64", "seed_ptr": "*i64",
-             "offset_ptr": "*i64", "out_ptr": "*i32", "weight_ptr": "*fp64", "mass_ptr": "*fp64",
-             "key_ptr": "*fp64", "token_ptr": "*i32"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": block_s}
-    out["scan"].append(compile_one(SCAN, types, constexprs, SCAN_LAUNCH_OPTIONS))
+             "offset_ptr": "*i64", "out_ptr": "*i32"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS}
+    signature, attrs = {}, {}
+    for i, name in enumerate(SCAN.arg_names):
+        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        if name in ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
+                    "stride_dn"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(SCAN, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+
+
+row_specs, scan_specs = json.loads(sys.argv[1])
+out = {"row": [], "scan": []}
+for prob, draft, aligned, ids in row_specs:
+    kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned)
+    found = report(kernel, True)
+    if aligned and ids == "i64" and "row_loops" in found:
+        found["budget"] = sass_budget.budget(prob, draft, kernel, "block")
+    out["row"].append(found)
+for spec in scan_specs:
+    out["scan"].append(report(compile_scan(*spec), False))
 print(json.dumps(out))
 '''
 
@@ -93,7 +96,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"),
+                                         env.get("PYTHONPATH", "")])
     args = [sys.executable, "-c", WORKER, json.dumps([ROW_SPECS, SCAN_SPECS])]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -104,18 +108,60 @@ def compiled():
 
 
 def test_no_spills(compiled):
-    for kind in ("row", "scan"):
-        for spec, res in zip(ROW_SPECS if kind == "row" else SCAN_SPECS, compiled[kind]):
+    for kind, specs in (("row", ROW_SPECS), ("scan", SCAN_SPECS)):
+        for spec, res in zip(specs, compiled[kind]):
             assert not res["local_in_ptx"], (kind, spec)
-            r = res["resources"]
-            if r is not None:  # cuobjdump ships with triton's NVIDIA backend
+            if "resources" in res:  # cuobjdump ships with triton's NVIDIA backend
+                r = res["resources"]
                 assert r.get("LOCAL", 0) == 0 and r.get("STACK", 0) == 0, (kind, spec, r)
-                assert r["STL"] == 0 and r["LDL"] == 0 and r["REG"] <= 255, (kind, spec, r)
+                assert res["spills"] == 0 and r["REG"] <= 255, (kind, spec, r)
 
 
-def test_row_pass_uses_16_byte_loads(compiled):
-    for (prob, draft), res in zip(ROW_SPECS, compiled["row"]):
-        # 1024 values over 128 threads: 8 per thread = 2 (fp32) or 1 (fp16/bf16) 16-byte loads per
-        # row per chunk, in the prefetch prologue and in the loop; twice with the draft row.
+def test_row_loops_use_16_byte_loads(compiled):
+    for (prob, draft, aligned, _), res in zip(ROW_SPECS, compiled["row"]):
+        if "row_loops" not in res:
+            continue
+        # Draft given: the p loop (ended rows) and the residual loop; None: the p loop and the
+        # w p loop (w_t < 1).
+        assert set(res["row_loops"]) == ({"p", "residual"} if draft else {"p", "scaled"}), res
+        if not aligned:
+            continue  # V % 16 != 0: rows are not 16-byte aligned, so no vector loads
+        # 1024 values over 128 threads: 8 per thread = 2 (fp32) or 1 (fp16/bf16) 16-byte loads
+        # per row per chunk, and no narrower load.
         per_row = 2 if prob == "fp32" else 1
-        assert len(res["v4_loads"]) == per_row * 2 * (2 if draft else 1), (prob, draft, res["v4_loads"])
+        for name, loop in res["row_loops"].items():
+            rows = 2 if name == "residual" else 1
+            assert loop["loads16"] == per_row * rows and loop["other_loads"] == 0, (prob, name)
+
+
+def test_issue_bound_beats_the_goal(compiled):
+    """Every variant's row loop can stream faster than 1.25 x the H200's 4.8 TB/s on instruction
+    issue alone (benchmarks/sass_budget.py prints the table)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from sass_budget import GOAL_BYTES_PER_S
+
+    budgets = [row for res in compiled["row"] for row in res.get("budget", [])]
+    if not budgets:
+        pytest.skip("no nvdisasm beside this triton")
+    assert len(budgets) == 12  # 3 dtypes x (draft: p only, residual read; None: p, w p)
+    for row in budgets:
+        assert row["issue_bound"] >= GOAL_BYTES_PER_S, row
+
+
+def test_registers_are_those_the_launch_model_assumes(compiled):
+    import torch
+
+    from specops.block.launch import NUM_WARPS, REGISTERS
+    from specops.core.occupancy import resident_programs
+
+    for (prob, draft, aligned, ids), res in zip(ROW_SPECS, compiled["row"]):
+        if "resources" not in res:
+            continue
+        assumed = REGISTERS[(getattr(torch, TORCH_DTYPES[prob]), draft, aligned)]
+        registers = res["resources"]["REG"]
+        # The recorded figure, or fewer registers for no fewer resident programs per SM.
+        assert registers <= assumed, (prob, draft, aligned, ids, registers)
+        if ids == "i64":
+            assert registers == assumed, (prob, draft, aligned, registers)
+        # Shared memory never limits residency below the register limit (228 KB per SM).
+        assert res["resources"]["SHARED"] * resident_programs(assumed, NUM_WARPS) <= 228 * 1024

@@ -24,7 +24,7 @@ LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": F
 # dtype, draft_probs given, and V % 16 == 0 (16-byte row loads; else scalar loads).
 # tests/test_block_compile.py checks them against every variant it compiles.
 REGISTERS = {
-    (torch.float32, True, True): 56,
+    (torch.float32, True, True): 64,
     (torch.float32, False, True): 64,
     (torch.float16, True, True): 56,
     (torch.float16, False, True): 64,
