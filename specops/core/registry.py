@@ -72,8 +72,9 @@ def register_verifier(
     """
     def run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
             names: ArgumentNames = OP_NAMES):
-        # The counters change in place: tell autograd, as an in-place torch op would (custom_op
-        # bumps them too on the op's path; a second bump is harmless: autograd asks "changed?").
+        # The counters change in place: tell autograd, as an in-place torch op would (on a
+        # recorded call custom_op bumps them too; a second bump is harmless: autograd asks
+        # "changed?", not "how often?").
         torch._C._increment_version((accepted_num, emitted_num))
         if validation_enabled():
             check_values(draft_probs, draft_token_ids, target_probs, names)
