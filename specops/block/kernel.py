@@ -49,6 +49,25 @@ def _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn, s
 
 
 @triton.jit
+def _candidate_row(target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, stride_tb, stride_tn,
+                   stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+    """What R_t is formed from: (w_t in float64, the float32 weight of p_t, whether q_t is read,
+    the token removed from p_t with one-hot drafts or -1). The draft runs at t when d_t is valid
+    after valid d_0..d_{t-1}; elsewhere R_t = p_t."""
+    w, running = _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn,
+                         stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT)
+    is_draft = t < num_draft
+    d_t = tl.load(ids_ptr + b * stride_ib + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
+    running = running & is_draft & (d_t >= 0) & (d_t < vocab)
+    w_row = tl.where(running, w.to(tl.float32), 1.0)
+    if HAS_DRAFT:
+        removed = tl.full([], -1, tl.int64)
+    else:
+        removed = tl.where(running, d_t, -1)
+    return w, w_row, HAS_DRAFT & running, removed
+
+
+@triton.jit
 def _masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
               CHUNK: tl.constexpr):
     """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
@@ -225,18 +244,9 @@ def block_row_pass_kernel(
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
-    w, running = _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn,
-                         stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT)
-    # Does the draft run at t (d_t valid, after valid d_0..d_{t-1})? Else R_t = p_t.
-    is_draft = t < num_draft
-    d_t = tl.load(ids_ptr + b * stride_ib + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
-    running = running & is_draft & (d_t >= 0) & (d_t < vocab)
-    w_row = tl.where(running, w.to(tl.float32), 1.0)  # the float32 weight R_t is formed with
-    if HAS_DRAFT:
-        removed = tl.full([], -1, tl.int64)
-    else:
-        removed = tl.where(running, d_t, -1)  # one-hot drafts: d_t leaves p_t
-    read_q = HAS_DRAFT & running
+    w, w_row, read_q, removed = _candidate_row(
+        target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, stride_tb, stride_tn, stride_db,
+        stride_dn, stride_ib, stride_in, HAS_DRAFT)
     scaled = (removed >= 0) & (w_row != 1.0)
     row_p = target_ptr + b * stride_tb + t * stride_tn
     row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
