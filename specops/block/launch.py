@@ -31,7 +31,7 @@ REGISTERS = {
     (torch.bfloat16, True, True): 56,
     (torch.bfloat16, False, True): 64,
     (torch.float32, True, False): 104,
-    (torch.float32, False, False): 80,
+    (torch.float32, False, False): 84,
     (torch.float16, True, False): 104,
     (torch.float16, False, False): 80,
     (torch.bfloat16, True, False): 104,
