@@ -229,3 +229,56 @@ def test_opcheck_with_inputs_that_require_grad():
     acc, emit, seed, offset = op_args(3)
     torch.library.opcheck(OP, (q.requires_grad_(), d, p.requires_grad_(), acc, emit, seed,
                                offset, True))
+
+
+def test_eager_op_inside_a_compiled_region_is_not_traced_into():
+    # A call Dynamo leaves eager (here: a function it must not compile) still runs inside a
+    # compiled region: the op's kernels must not be compiled as new frames of their own.
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    q, d, p = inputs(batch=3, num_draft=2, vocab=64)
+    acc, emit, seed, offset = op_args(3)
+
+    @functools.partial(torch.compiler.disable, recursive=False)
+    def call_op(*args):
+        return OP(*args)
+
+    @torch.compile(backend="eager")
+    def step(*args):
+        return call_op(*args) + 0
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = step(q, d, p, acc, emit, seed, offset)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert torch.equal(out, OP(q, d, p, *op_args(3)))
+
+
+def test_zero_tensor_input_reaches_its_own_key(monkeypatch):
+    # An efficient zero tensor has no storage: it must be materialised below autograd, not handed
+    # to the kernel (the interpreted Triton kernel reads its data pointer, as a GPU launch would).
+    monkeypatch.setenv("SPECOPS_BACKEND", "triton")
+    q, d, p = inputs(batch=3, num_draft=2, vocab=64)
+    zeros = torch._efficientzerotensor(q.shape)
+    out = OP(zeros, d, p, *op_args(3))
+    assert torch.equal(out, OP(torch.zeros_like(q), d, p, *op_args(3)))
+
+
+def test_inputs_that_require_grad_record_no_autograd_graph():
+    from specops.block import op as block_op
+
+    q, d, p = inputs(batch=3, num_draft=2, vocab=64)
+    q, p = q.clone().requires_grad_(), p.clone().requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        OP(q, d, p, *op_args(3))
+        block_op.chain_block_speculative_sampling_op.op(q, d, p, *op_args(3))
+    assert saved == []
+
+
+def test_shortcuts_are_registered_for_cpu_and_cuda():
+    for name in ("specops::chain_speculative_sampling", "specops::chain_block_speculative_sampling"):
+        for key in ("CPU", "CUDA", "AutogradCPU", "AutogradCUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)

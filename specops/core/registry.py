@@ -119,16 +119,21 @@ def register_verifier(
     namespace, name = qualname.split("::")
     overload = getattr(getattr(torch.ops, namespace), name).default
 
+    # Dynamo must not trace into these when an eager call happens inside a compiled region (as
+    # custom_op's own wrappers are kept out of it).
+    @torch._disable_dynamo
     def plain_eager_or_below_autograd(keyset, draft_probs, draft_token_ids, target_probs,
                                       accepted_num, emitted_num, seed, offset, deterministic=True):
         # The outputs are integers: there is no gradient to record, only the counters' versions
-        # to bump, which run() does. Anything that may record the call goes on to the fake,
-        # functionalisation and modes below autograd, through custom_op's version bump.
-        if is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                          seed, offset):
-            return kernel(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                          seed, offset)
+        # to bump, which run() does. Anything that may record or reinterpret the call goes on to
+        # the fake, functionalisation, modes and tensor kinds below autograd, through custom_op's
+        # version bump; either way the kernel runs below autograd, as custom_op's would.
         with torch._C._AutoDispatchBelowAutograd():
+            if (keyset & _INTERCEPTING_KEYS) == _NO_KEYS and is_plain_eager(
+                    draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
+                    offset):
+                return kernel(draft_probs, draft_token_ids, target_probs, accepted_num,
+                              emitted_num, seed, offset)
             return overload.redispatch(keyset & torch._C._after_autograd_keyset, draft_probs,
                                        draft_token_ids, target_probs, accepted_num, emitted_num,
                                        seed, offset, deterministic)
@@ -137,9 +142,24 @@ def register_verifier(
     shortcuts = torch.library.Library(namespace, "IMPL")
     for device in ("CPU", "CUDA"):
         shortcuts.impl(name, plain_eager_or_below_autograd, "Autograd" + device, with_keyset=True)
-        shortcuts.impl(name, kernel, device)
+        shortcuts.impl(name, torch._disable_dynamo(kernel), device)
     _SHORTCUT_LIBRARIES.append(shortcuts)  # a registration lives as long as its library object
     return Verifier(op=overload, run=run)
 
 
 _SHORTCUT_LIBRARIES: list = []
+
+
+def _key_set(*keys) -> torch._C.DispatchKeySet:
+    result = torch._C.DispatchKeySet(keys[0])
+    for key in keys[1:]:
+        result = result | torch._C.DispatchKeySet(key)
+    return result
+
+
+# Keys below autograd that change what a tensor is (functional, zero, conjugate or negative
+# tensors, Python subclasses and modes): their calls must reach those keys, not the kernel.
+_KEY = torch._C.DispatchKey
+_INTERCEPTING_KEYS = _key_set(_KEY.Python, _KEY.PythonTLSSnapshot, _KEY.Functionalize,
+                              _KEY.ZeroTensor, _KEY.Conjugate, _KEY.Negative)
+_NO_KEYS = _INTERCEPTING_KEYS - _INTERCEPTING_KEYS
