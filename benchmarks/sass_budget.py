@@ -205,6 +205,26 @@ def row_loops(kernel, sampler: str = "chain") -> dict[str, dict]:
     return found
 
 
+def compile_report(kernel, sampler: str | None = None) -> dict:
+    """What the compile tests check of a compiled kernel: local memory in the PTX, its resources,
+    spill instructions and, with ``sampler``, each row loop's 16-byte and other global loads.
+    Without the CUDA tools beside Triton only the PTX check is made."""
+    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"]))}
+    try:
+        found["resources"] = resources(kernel.asm["cubin"])
+        rows = disassemble(kernel.asm["cubin"])
+    except OSError:  # no nvdisasm/cuobjdump beside this triton
+        return found
+    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
+               for _, text, _ in rows if text]
+    found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
+    if sampler is not None:
+        found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
+            op.startswith("LDG") and op != "LDG.E.128" for op in loop["opcodes"])}
+            for name, loop in row_loops(kernel, sampler).items()}
+    return found
+
+
 LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
 
 

@@ -32,7 +32,7 @@ ROW_SPECS = ([(prob, draft, True, "i64") for prob in TORCH_DTYPES for draft in (
 SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16)]
 
 WORKER = r'''
-import inspect, json, re, sys
+import inspect, json, sys
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
@@ -43,25 +43,6 @@ from specops.block.kernel import block_scan_kernel as SCAN
 if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     print(json.dumps({"skip": "ASTSource API of triton < 3.3"}))
     sys.exit(0)
-
-
-def report(kernel, with_loops):
-    ptx = kernel.asm["ptx"]
-    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", ptx))}
-    try:
-        found["resources"] = sass_budget.resources(kernel.asm["cubin"])
-        rows = sass_budget.disassemble(kernel.asm["cubin"])
-    except OSError:  # no nvdisasm/cuobjdump beside this triton
-        return found
-    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
-               for _, text, _ in rows if text]
-    found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
-    if with_loops:
-        loops = sass_budget.row_loops(kernel, "block")
-        found["row_loops"] = {name: {"loads16": l["loads16"], "other_loads": sum(
-            op.startswith("LDG") and op != "LDG.E.128" for op in l["opcodes"])}
-            for name, l in loops.items()}
-    return found
 
 
 def compile_scan(prob, draft, block_n):
@@ -83,12 +64,12 @@ row_specs, scan_specs = json.loads(sys.argv[1])
 out = {"row": [], "scan": []}
 for prob, draft, aligned, ids in row_specs:
     kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned)
-    found = report(kernel, True)
+    found = sass_budget.compile_report(kernel, "block")
     if aligned and ids == "i64" and "row_loops" in found:
         found["budget"] = sass_budget.budget(prob, draft, kernel, "block")
     out["row"].append(found)
 for spec in scan_specs:
-    out["scan"].append(report(compile_scan(*spec), False))
+    out["scan"].append(sass_budget.compile_report(compile_scan(*spec)))
 print(json.dumps(out))
 '''
 

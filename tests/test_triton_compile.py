@@ -48,7 +48,7 @@ def all_specialisations():
 
 
 WORKER = r'''
-import inspect, json, re, sys
+import inspect, json, sys
 from triton.compiler import ASTSource
 import sass_budget  # benchmarks/
 
@@ -57,34 +57,16 @@ if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     sys.exit(0)
 
 
-def report(kernel):
-    ptx = kernel.asm["ptx"]
-    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", ptx))}
-    try:
-        found["resources"] = sass_budget.resources(kernel.asm["cubin"])
-        rows = sass_budget.disassemble(kernel.asm["cubin"])
-    except OSError:  # no nvdisasm/cuobjdump beside this triton
-        return found
-    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
-               for _, text, _ in rows if text]
-    found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
-    loops = sass_budget.row_loops(kernel)
-    found["row_loops"] = {name: {"loads16": l["loads16"], "other_loads": sum(
-        op.startswith("LDG") and op != "LDG.E.128" for op in l["opcodes"])}
-        for name, l in loops.items()}
-    return found
-
-
 results = []
 for s in json.loads(sys.argv[1]):
     kernel = sass_budget.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
                                       s["block_n"], s["aligned"])
-    found = report(kernel)
+    found = sass_budget.compile_report(kernel, "chain")
     if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and "row_loops" in found:
         found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
     results.append(found)
 if len(sys.argv) > 2:
-    results.append(report(sass_budget.compile_combine()))
+    results.append(sass_budget.compile_report(sass_budget.compile_combine(), "chain"))
 print(json.dumps(results))
 '''
 
