@@ -84,6 +84,45 @@ def test_host_overhead_benchmark_runs():
         assert entry in out, out
 
 
+C_CALL_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, "benchmarks")
+import standin_driver
+standin_driver.install()
+import torch, specops
+from specops.chain import launch
+from specops.core import triton_launch
+B, N, V = 16, 4, 32000
+specops.chain_speculative_sampling(torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long),
+                                   torch.rand(B, N + 1, V), seed=1)
+loaded = next(iter(launch._LOADED.values()))
+results = []
+for kernel in (loaded.main, loaded.combine):
+    calls = []
+    record = lambda *args: calls.append(tuple(id(a) if torch.is_tensor(a) else repr(a) for a in args))
+    kernel._run.launch = record  # the C function, as the wrapper and the direct path find it
+    if hasattr(kernel, "_c_launch"):
+        kernel._c_launch = record
+    args = (torch.zeros(3), 7, True, torch.ones(2))
+    kernel.launch(5, 3, 11, args)
+    kernel._launch_through_wrapper(5, 3, 11, args)
+    results.append(dict(direct=kernel.launch != kernel._launch_through_wrapper,
+                        same=calls[0] == calls[1]))
+print(json.dumps(dict(supported=triton_launch.direct_launch_supported(), kernels=results)))
+'''
+
+
+def test_direct_c_launch_passes_what_the_wrapper_passes():
+    # Where the installed Triton's launcher wrapper is a known one, loaded kernels call its C
+    # function themselves: with exactly the arguments the wrapper would have given it.
+    result = run_python(C_CALL_SCRIPT, {"SPECOPS_BACKEND": "triton"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for kernel in report["kernels"]:
+        assert kernel["same"], report
+        assert kernel["direct"] == report["supported"], report  # known wherever run() is known
+
+
 def test_triton_backend_without_driver_says_what_to_set():
     code = ("import torch, specops\n"
             "p = torch.full((2, 3, 5), 0.2)\n"

@@ -7,6 +7,12 @@ the first launch returned and calls its launcher directly, as ``JITFunction.run`
 lookup.  That call's convention has changed across Triton releases, so the direct path is used only
 where the installed ``JITFunction.run`` makes it the same way (``direct_launch_supported``);
 elsewhere, and while a profiler's launch hooks are set, callers take ``kernel[grid]``.
+
+The launcher itself is a Python wrapper (``CudaLauncher.__call__``) around a C function: it
+allocates scratch memory when the kernel needs some and passes everything on. For a kernel that
+needs none, ``LoadedKernel`` calls the C function itself, with what the wrapper would pass, where
+the installed wrapper's call is one this module knows (``_c_call_form``); elsewhere it calls the
+wrapper.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 
 import triton
 
@@ -59,10 +66,45 @@ def current_device_and_stream():
     return device, driver.get_current_stream(device)
 
 
-class LoadedKernel:
-    """A compiled kernel, loaded onto the current device, launched with all its arguments."""
+# How CudaLauncher.__call__ passes a launch on to its C function (``self.launch``), spaces removed,
+# in the releases whose JITFunction.run matches _CALL: "tuple" (3.7 to 3.9 at least: the kernel's
+# arguments as one tuple after its annotations) or "star" (3.5, 3.6: spread after the metadata).
+_C_CALL_FORMS = {
+    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
+    "kernel_metadata,launch_metadata,launch_enter_hook,launch_exit_hook,global_scratch,"
+    "profile_scratch,self.arg_annotations,self.kernel_signature,kernel_args)": "tuple",
+    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
+    "kernel_metadata,launch_metadata,launch_enter_hook,launch_exit_hook,global_scratch,"
+    "profile_scratch,self.arg_annotations,self.kernel_signature,args)": "tuple",
+    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
+    "global_scratch,profile_scratch,*args)": "star",
+}
 
-    __slots__ = ("_run", "_function", "_metadata")
+
+@functools.lru_cache(maxsize=8)
+def _c_call_form(launcher_class) -> str | None:
+    """The form of the installed wrapper's call of its C function, or None when unknown."""
+    try:
+        source = re.sub(r"\s+", "", inspect.getsource(launcher_class.__call__))
+    except (AttributeError, OSError, TypeError):
+        return None
+    forms = [form for call, form in _C_CALL_FORMS.items() if call in source]
+    return forms[0] if len(forms) == 1 and source.count("self.launch(") == 1 else None
+
+
+def _needs_wrapper(launcher) -> bool:
+    """Whether the wrapper does more than pass the launch on: scratch memory to allocate, or a
+    sanitizer's arguments to add."""
+    return bool(getattr(launcher, "global_scratch_size", 0)
+                or getattr(launcher, "profile_scratch_size", 0)
+                or getattr(launcher, "gsan_enabled", False))
+
+
+class LoadedKernel:
+    """A compiled kernel, loaded onto the current device, launched with all its arguments:
+    ``launch(grid_x, grid_y, stream, args)``."""
+
+    __slots__ = ("launch", "_run", "_c_launch", "_function", "_metadata", "_c_prefix")
 
     def __init__(self, compiled):
         init = getattr(compiled, "_init_handles", None)
@@ -71,10 +113,28 @@ class LoadedKernel:
         self._run = compiled.run
         self._function = compiled.function
         self._metadata = compiled.packed_metadata
+        form = None if _needs_wrapper(self._run) else _c_call_form(type(self._run))
+        self.launch = self._launch_through_wrapper
+        if form is not None:
+            self._c_launch = self._run.launch
+            cooperative, pdl = self._run.launch_cooperative_grid, self._run.launch_pdl
+            if form == "tuple":
+                self._c_prefix = (cooperative, pdl, self._metadata, None, None, None, None, None,
+                                  self._run.arg_annotations, self._run.kernel_signature)
+                self.launch = self._launch_c_tuple
+            else:
+                self._c_prefix = (cooperative, pdl, None, None, self._metadata, None, None, None)
+                self.launch = self._launch_c_star
 
-    def launch(self, grid_x: int, grid_y: int, stream, args) -> None:
+    def _launch_through_wrapper(self, grid_x: int, grid_y: int, stream, args) -> None:
         self._run(grid_x, grid_y, 1, stream, self._function, self._metadata, None, None, None,
                   *args)
+
+    def _launch_c_tuple(self, grid_x: int, grid_y: int, stream, args) -> None:
+        self._c_launch(grid_x, grid_y, 1, stream, self._function, *self._c_prefix, args)
+
+    def _launch_c_star(self, grid_x: int, grid_y: int, stream, args) -> None:
+        self._c_launch(grid_x, grid_y, 1, stream, self._function, *self._c_prefix, *args)
 
 
 def load(jit_function, args, grid, options) -> LoadedKernel:
