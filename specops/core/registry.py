@@ -125,15 +125,17 @@ def register_verifier(
     def plain_eager_or_below_autograd(keyset, draft_probs, draft_token_ids, target_probs,
                                       accepted_num, emitted_num, seed, offset, deterministic=True):
         # The outputs are integers: there is no gradient to record, only the counters' versions
-        # to bump, which run() does. Anything that may record or reinterpret the call goes on to
-        # the fake, functionalisation, modes and tensor kinds below autograd, through custom_op's
-        # version bump; either way the kernel runs below autograd, as custom_op's would.
+        # to bump, which run() does. With no input that requires grad, autograd has nothing to
+        # record, so a plain eager call runs the kernel here. Anything else goes on, below
+        # autograd, to the fake, functionalisation, modes and tensor kinds below it, through
+        # custom_op's version bump, and its kernel runs below autograd, as custom_op's would.
+        if (keyset.raw_repr() & _INTERCEPTING_BITS == 0 and not target_probs.requires_grad
+                and (draft_probs is None or not draft_probs.requires_grad)
+                and is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted_num,
+                                   emitted_num, seed, offset)):
+            return kernel(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                          seed, offset)
         with torch._C._AutoDispatchBelowAutograd():
-            if (keyset & _INTERCEPTING_KEYS) == _NO_KEYS and is_plain_eager(
-                    draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
-                    offset):
-                return kernel(draft_probs, draft_token_ids, target_probs, accepted_num,
-                              emitted_num, seed, offset)
             return overload.redispatch(keyset & torch._C._after_autograd_keyset, draft_probs,
                                        draft_token_ids, target_probs, accepted_num, emitted_num,
                                        seed, offset, deterministic)
@@ -150,16 +152,11 @@ def register_verifier(
 _SHORTCUT_LIBRARIES: list = []
 
 
-def _key_set(*keys) -> torch._C.DispatchKeySet:
-    result = torch._C.DispatchKeySet(keys[0])
-    for key in keys[1:]:
-        result = result | torch._C.DispatchKeySet(key)
-    return result
-
-
 # Keys below autograd that change what a tensor is (functional, zero, conjugate or negative
-# tensors, Python subclasses and modes): their calls must reach those keys, not the kernel.
+# tensors, Python subclasses and modes): their calls must reach those keys, not the kernel. None
+# has a backend component, so a key set holds one of them exactly when its bits meet these.
 _KEY = torch._C.DispatchKey
-_INTERCEPTING_KEYS = _key_set(_KEY.Python, _KEY.PythonTLSSnapshot, _KEY.Functionalize,
-                              _KEY.ZeroTensor, _KEY.Conjugate, _KEY.Negative)
-_NO_KEYS = _INTERCEPTING_KEYS - _INTERCEPTING_KEYS
+_INTERCEPTING_BITS = 0
+for _key in (_KEY.Python, _KEY.PythonTLSSnapshot, _KEY.Functionalize, _KEY.ZeroTensor,
+             _KEY.Conjugate, _KEY.Negative):
+    _INTERCEPTING_BITS |= torch._C.DispatchKeySet(_key).raw_repr()
