@@ -6,6 +6,11 @@ a cache miss, Triton's own CUDA launcher object) up to the final C launch, which
 call that reads each tensor's ``data_ptr()`` (as the real launcher does) and launches nothing.
 Host time measured through it is the host time of a GPU launch, less the driver's C call.
 
+Releases whose CUDA launcher is a C module built per signature against libcuda (Triton 3.2 among
+them) cannot build it without a GPU: there the stand-in replaces that whole launcher by a Python
+one (``StandinLauncher``), and host times measured through it are not those of a GPU launch, while
+loads and launches are counted the same.
+
 CPU tensors stand in for CUDA tensors: with ``SPECOPS_BACKEND=triton`` specops routes them to its
 Triton launcher. ``TRITON_INTERPRET`` must be unset before triton is imported (under the
 interpreter ``@triton.jit`` builds interpreter objects, not compilable kernels).
@@ -21,6 +26,7 @@ The tensors' contents are never computed: outputs are whatever ``torch.empty`` l
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -32,6 +38,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.driver import GPUDriver  # noqa: E402
 from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
+from triton.compiler.compiler import CompiledKernel  # noqa: E402
+
+# Triton's own launcher is a Python object ending in the C call ``utils.launch`` where the driver
+# module defines PyKernelArg; before that, a C module per signature that links libcuda.
+PYTHON_LAUNCHER = hasattr(nvidia_driver, "PyKernelArg")
+# Newer releases also take the most threads per block from load_binary.
+LOAD_BINARY_GIVES_MAX_THREADS = "n_max_threads" in inspect.getsource(CompiledKernel._init_handles)
 
 # Hopper: H100/H200 figures the launch path reads (shared memory limit, threads per block).
 CAPABILITY = (9, 0)
@@ -60,8 +73,9 @@ class StandinUtils:
 
     def load_binary(self, name, kernel, shared, device):
         self.modules_loaded += 1
-        # (module, function, registers, spills, most threads per block)
-        return self.modules_loaded, self.modules_loaded, 0, 0, MAX_THREADS
+        # (module, function, registers, spills[, most threads per block])
+        loaded = (self.modules_loaded, self.modules_loaded, 0, 0)
+        return (*loaded, MAX_THREADS) if LOAD_BINARY_GIVES_MAX_THREADS else loaded
 
     def unload_module(self, module):
         pass
@@ -78,6 +92,9 @@ class StandinUtils:
     def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
                launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
                arg_annotations, kernel_signature, kernel_args):
+        self.record_launch(kernel_args)
+
+    def record_launch(self, kernel_args):
         # The real launcher reads every pointer argument's address; so does this one.
         for arg in kernel_args:
             if isinstance(arg, torch.Tensor):
@@ -85,10 +102,26 @@ class StandinUtils:
         self.launches += 1
 
 
+class StandinLauncher:
+    """Triton's CUDA launcher where that is a C module (it needs libcuda to build): the enter and
+    exit hooks, the argument addresses, the count; no launch."""
+
+    def __init__(self, src, metadata):
+        pass
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
+                 enter_hook, exit_hook, *kernel_args):
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
+        triton.runtime.driver.active.utils.record_launch(kernel_args)
+        if exit_hook is not None:
+            exit_hook(launch_metadata)
+
+
 class StandinDriver(GPUDriver):
     """Triton's CUDA driver with the CUDA calls answered on the host: device 0, stream 0, sm_90."""
 
-    launcher_cls = nvidia_driver.CudaLauncher
+    launcher_cls = nvidia_driver.CudaLauncher if PYTHON_LAUNCHER else StandinLauncher
 
     def __init__(self):
         self.utils = StandinUtils()
@@ -128,7 +161,7 @@ class StandinDriver(GPUDriver):
 def install() -> StandinDriver:
     """Make a new stand-in driver Triton's active driver and return it."""
     # Triton's CUDA launcher annotates arguments with classes its C module defines on a CUDA host.
-    if nvidia_driver.PyKernelArg is None:
+    if PYTHON_LAUNCHER and nvidia_driver.PyKernelArg is None:
         nvidia_driver.PyKernelArg = KernelArg
         nvidia_driver.ARG_CONSTEXPR, nvidia_driver.ARG_KERNEL, nvidia_driver.ARG_TUPLE = 0, 1, 2
     driver = StandinDriver()
