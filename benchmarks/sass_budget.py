@@ -52,65 +52,55 @@ def tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
-    """triton.compile of the main kernel as the launcher would specialise it (no GPU needed)."""
+def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
+    """triton.compile of ``kernel`` for sm_90 (no GPU needed) as its launcher specialises it:
+    arguments typed by ``types`` (i32 when not named), and with ``aligned`` the 16-divisibility of
+    every argument the kernel specialises on (those not in its do_not_specialize list)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from specops.chain.kernel import chain_speculative_sampling_kernel as kernel
-    from specops.chain.launch import GROUP, LAUNCH_OPTIONS, ROW_ARGUMENTS
+    signature, attrs = {}, {}
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        if aligned and not param.do_not_specialize and name not in constexprs:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
+    """The chain kernel as the launcher would specialise it."""
+    from specops.chain.kernel import chain_speculative_sampling_kernel
+    from specops.chain.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK}
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
-        if aligned and name in ROW_ARGUMENTS:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
-                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+    return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
+                              LAUNCH_OPTIONS)
 
 
 def compile_combine():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from specops.chain.kernel import combine_kernel as kernel
+    from specops.chain.kernel import combine_kernel
     from specops.chain.launch import LAUNCH_OPTIONS
     from specops.chain.occupancy import MAX_PROGRAMS_PER_REQUEST
 
-    signature = {name: "i32" for name in kernel.arg_names}
-    signature.update(out_ptr="*i32", BLOCK_P="constexpr")
-    constexprs = {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}
-    return triton.compile(ASTSource(kernel, signature, constexprs, {}),
-                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+    return compile_for_hopper(combine_kernel, {"out_ptr": "*i32"},
+                              {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}, options=LAUNCH_OPTIONS)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
-    """triton.compile of the block-verification row pass as its launcher would specialise it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from specops.block.kernel import block_row_pass_kernel as kernel
+    """The block-verification row pass as its launcher would specialise it."""
+    from specops.block.kernel import block_row_pass_kernel
     from specops.block.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "out_ptr": "*i32"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
-    row_arguments = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
-                     "stride_dn")  # the arguments not in its do_not_specialize list
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
-        if aligned and name in row_arguments:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
-                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+    return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
 
 
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -33,12 +33,10 @@ SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16)]
 
 WORKER = r'''
 import inspect, json, sys
-import triton
 from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
 import sass_budget  # benchmarks/
 from specops.block.launch import LAUNCH_OPTIONS, MAX_SPLITS
-from specops.block.kernel import block_scan_kernel as SCAN
+from specops.block.kernel import block_scan_kernel
 
 if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     print(json.dumps({"skip": "ASTSource API of triton < 3.3"}))
@@ -50,14 +48,8 @@ def compile_scan(prob, draft, block_n):
              "accepted_ptr": "*i32", "emitted_ptr": "*i64", "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS}
-    signature, attrs = {}, {}
-    for i, name in enumerate(SCAN.arg_names):
-        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
-        if name in ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
-                    "stride_dn"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(SCAN, signature, constexprs, attrs),
-                          target=GPUTarget("cuda", 90, 32), options=LAUNCH_OPTIONS)
+    return sass_budget.compile_for_hopper(block_scan_kernel, types, constexprs,
+                                          options=LAUNCH_OPTIONS)
 
 
 row_specs, scan_specs = json.loads(sys.argv[1])
