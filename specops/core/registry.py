@@ -126,13 +126,11 @@ def register_verifier(
                                       accepted_num, emitted_num, seed, offset, deterministic=True):
         # The outputs are integers: there is no gradient to record, only the counters' versions
         # to bump, which run() does. With no input that requires grad, autograd has nothing to
-        # record, so a plain eager call runs the kernel here. Anything else goes on, below
-        # autograd, to the fake, functionalisation, modes and tensor kinds below it, through
-        # custom_op's version bump, and its kernel runs below autograd, as custom_op's would.
+        # record; with no key below autograd that may record or reinterpret the call (fake
+        # tensors, make_fx and dispatch modes all bring the Python key), the kernel runs here.
+        # Anything else goes on below autograd, through custom_op's version bump, to those keys.
         if (keyset.raw_repr() & _INTERCEPTING_BITS == 0 and not target_probs.requires_grad
-                and (draft_probs is None or not draft_probs.requires_grad)
-                and is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted_num,
-                                   emitted_num, seed, offset)):
+                and (draft_probs is None or not draft_probs.requires_grad)):
             return kernel(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
                           seed, offset)
         with torch._C._AutoDispatchBelowAutograd():
