@@ -395,6 +395,9 @@ def test_aliased_counters_refused_at_trace_time(kind, fragment):
                  args["seed"], args["offset"])]
         with pytest.raises(ValueError, match=fragment):
             OP(*fake)
+        # The public function under a mode (not compiling) names its caller's arguments too.
+        with pytest.raises(ValueError, match=f"^maybe_output_accepted_token_num .*{fragment}"):
+            specops.chain_speculative_sampling(*fake[:5], seed=fake[5], offset=fake[6])
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
