@@ -92,7 +92,12 @@ class StandinUtils:
     def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
                launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
                arg_annotations, kernel_signature, kernel_args):
+        # The hooks as the C launcher calls them: around the launch, when given.
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
         self.record_launch(kernel_args)
+        if exit_hook is not None:
+            exit_hook(launch_metadata)
 
     def record_launch(self, kernel_args):
         # The real launcher reads every pointer argument's address; so does this one.

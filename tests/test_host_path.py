@@ -123,6 +123,35 @@ def test_direct_c_launch_passes_what_the_wrapper_passes():
         assert kernel["direct"] == report["supported"], report  # known wherever run() is known
 
 
+HOOK_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, "benchmarks")
+import standin_driver
+standin_driver.install()
+import torch, triton, specops
+B, N, V = 16, 4, 32000
+args = (torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long), torch.rand(B, N + 1, V))
+specops.chain_speculative_sampling(*args, seed=1)  # warm: later calls launch directly
+seen = []
+hook = lambda metadata: seen.append(1)
+runtime = triton.knobs.runtime
+if hasattr(runtime.launch_enter_hook, "add"):
+    runtime.launch_enter_hook.add(hook)
+else:
+    runtime.launch_enter_hook = hook
+specops.chain_speculative_sampling(*args, seed=2)
+print(json.dumps(dict(hook_calls=len(seen))))
+'''
+
+
+def test_launch_hooks_see_every_launch():
+    # A profiler's launch hooks are called by kernel[grid], not by a direct launch: while one is
+    # set, warm calls take kernel[grid] (two launches here: the main and combine kernels).
+    result = run_python(HOOK_SCRIPT, {"SPECOPS_BACKEND": "triton"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"hook_calls": 2}
+
+
 def test_triton_backend_without_driver_says_what_to_set():
     code = ("import torch, specops\n"
             "p = torch.full((2, 3, 5), 0.2)\n"

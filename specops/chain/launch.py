@@ -131,9 +131,9 @@ def chain_speculative_sampling_triton(
             offset.stride()[0] if offset.numel() != 1 else 0, int(seed_per_request), per_program,
             cdf_slot, race_slot0, has_draft, lanes, GROUP, CHUNK_SIZE)
 
-    direct = triton_launch.can_launch_directly()
-    if direct:
-        device, stream = triton_launch.current_device_and_stream()
+    direct = triton_launch.direct_launch_target()
+    if direct is not None:
+        device, stream = direct
         # Seed and offset are int64 and draft_probs has target_probs' dtype (checks.py).
         key = (device, target_probs.dtype, has_draft, lanes, draft_token_ids.dtype,
                accepted_num.dtype, emitted_num.dtype,
@@ -153,7 +153,7 @@ def chain_speculative_sampling_triton(
     if programs > 1:
         combine_kernel[(batch,)](*combine_args, BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
                                  **LAUNCH_OPTIONS)
-    if direct:  # load the combine kernel now too: a later B may need it
+    if direct is not None:  # load the combine kernel now too: a later B may need it
         combine = triton_launch.load(combine_kernel, combine_args, (1,), dict(
             BLOCK_P=MAX_PROGRAMS_PER_REQUEST, **LAUNCH_OPTIONS))
         _LOADED[key] = _Loaded(triton_launch.LoadedKernel(main), combine)

@@ -45,25 +45,23 @@ def direct_launch_supported() -> bool:
     return _CALL in source and "*bound_args.values())" in source
 
 
-def can_launch_directly() -> bool:
-    """The direct path is supported here and no profiler's launch hooks are set (launches must go
-    through kernel[grid] for them)."""
+def direct_launch_target():
+    """(device, stream) a direct launch goes to now (the current ones, as for kernel[grid]), or
+    None where launches must go through kernel[grid]: the direct path is unsupported here, or a
+    profiler's launch hooks are set."""
     if not direct_launch_supported():
-        return False
+        return None
     runtime = triton.knobs.runtime
-    return not (_active(runtime.launch_enter_hook) or _active(runtime.launch_exit_hook))
+    if _active(runtime.launch_enter_hook) or _active(runtime.launch_exit_hook):
+        return None
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    return device, driver.get_current_stream(device)
 
 
 def _active(hook) -> bool:
     # A hook is None or a function in older releases; in newer ones a chain, empty by default.
     return hook is not None and bool(getattr(hook, "calls", True))
-
-
-def current_device_and_stream():
-    """The device and stream kernel[grid] would launch on (the current ones)."""
-    driver = triton.runtime.driver.active
-    device = driver.get_current_device()
-    return device, driver.get_current_stream(device)
 
 
 # How CudaLauncher.__call__ passes a launch on to its C function (``self.launch``), spaces removed,
