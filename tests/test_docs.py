@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import re
 import subprocess
@@ -28,6 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+BLOCKS_RUN = itertools.count()
 BLOCK = re.compile(r"(?:<!-- (runnable|runnable-gpu) -->[ \t]*\n)?```python\n(.*?)```", re.S)
 
 
@@ -40,8 +42,9 @@ def python_blocks(path: Path) -> list[tuple[str, bool, int]]:
 
 
 def run_block(code: str, name: str) -> None:
-    """Run a doc block as a module of its own (torch.compile looks its globals' module up)."""
-    module = types.ModuleType("__doc_block__")
+    """Run a doc block as a module of its own (torch.compile looks its globals' module up; torch
+    2.6's Dynamo refuses a second module object under a name it has seen)."""
+    module = types.ModuleType(f"__doc_block_{next(BLOCKS_RUN)}__")
     sys.modules[module.__name__] = module
     try:
         exec(compile(code, name, "exec"), module.__dict__)
