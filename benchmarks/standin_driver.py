@@ -3,7 +3,8 @@
 Installed as Triton's active driver, it lets ``kernel[grid](...)`` run everything a GPU launch runs
 on the host (the argument binder, specialisation, the kernel-cache lookup, an sm_90 compilation on
 a cache miss, Triton's own CUDA launcher object) up to the final C launch, which it replaces by a
-call that reads each tensor's ``data_ptr()`` (as the real launcher does) and launches nothing.
+call that does the C launcher's Python-facing work (the launch hooks, ``data_ptr()`` of every
+argument the kernel's signature makes a pointer) and launches nothing.
 Host time measured through it is the host time of a GPU launch, less the driver's C call.
 
 Releases whose CUDA launcher is a C module built per signature against libcuda (Triton 3.2 among
@@ -70,6 +71,7 @@ class StandinUtils:
     def __init__(self):
         self.modules_loaded = 0
         self.launches = 0
+        self._pointers = {}
 
     def load_binary(self, name, kernel, shared, device):
         self.modules_loaded += 1
@@ -95,16 +97,35 @@ class StandinUtils:
         # The hooks as the C launcher calls them: around the launch, when given.
         if enter_hook is not None:
             enter_hook(launch_metadata)
-        self.record_launch(kernel_args)
+        # The C launcher reads the addresses of the arguments its signature calls pointers;
+        # which those are is worked out once per signature, as the C code has it compiled in.
+        key = (id(arg_annotations), kernel_signature)
+        pointers = self._pointers.get(key)
+        if pointers is None:
+            pointers = self._pointers[key] = pointer_positions(arg_annotations, kernel_signature)
+        for i in pointers:
+            kernel_args[i].data_ptr()
+        self.launches += 1
         if exit_hook is not None:
             exit_hook(launch_metadata)
 
     def record_launch(self, kernel_args):
-        # The real launcher reads every pointer argument's address; so does this one.
+        # The launcher reads every pointer argument's address; so does this one.
         for arg in kernel_args:
             if isinstance(arg, torch.Tensor):
                 arg.data_ptr()
         self.launches += 1
+
+
+def pointer_positions(arg_annotations, kernel_signature) -> tuple[int, ...]:
+    """Positions in a launch's arguments of the tensors its signature passes as pointers
+    (constexpr arguments are in the arguments, not in the signature)."""
+    kernel_types = iter(kernel_signature)
+    positions = []
+    for position, annotation in enumerate(arg_annotations):
+        if annotation.type != nvidia_driver.ARG_CONSTEXPR and next(kernel_types).startswith("*"):
+            positions.append(position)
+    return tuple(positions)
 
 
 class StandinLauncher:
