@@ -89,7 +89,7 @@ import json, sys
 sys.path.insert(0, "benchmarks")
 import standin_driver
 standin_driver.install()
-import torch, specops
+import torch, triton, specops
 from specops.chain import launch
 from specops.core import triton_launch
 B, N, V = 16, 4, 32000
@@ -107,8 +107,11 @@ for kernel in (loaded.main, loaded.combine):
     kernel.launch(5, 3, 11, args)
     kernel._launch_through_wrapper(5, 3, 11, args)
     results.append(dict(direct=kernel.launch != kernel._launch_through_wrapper,
+                        known=triton_launch.calls_c_function_directly(type(kernel._run)),
                         same=calls[0] == calls[1]))
-print(json.dumps(dict(supported=triton_launch.direct_launch_supported(), kernels=results)))
+version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+print(json.dumps(dict(expect_known=standin_driver.PYTHON_LAUNCHER and version >= (3, 7),
+                      kernels=results)))
 '''
 
 
@@ -120,7 +123,9 @@ def test_direct_c_launch_passes_what_the_wrapper_passes():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     for kernel in report["kernels"]:
         assert kernel["same"], report
-        assert kernel["direct"] == report["supported"], report  # known wherever run() is known
+        assert kernel["direct"] == kernel["known"], report  # neither kernel needs scratch
+        # Triton's own wrapper, in a release whose call this project knows (3.7 to 3.9).
+        assert kernel["known"] or not report["expect_known"], report
 
 
 HOOK_SCRIPT = r'''

@@ -11,8 +11,8 @@ elsewhere, and while a profiler's launch hooks are set, callers take ``kernel[gr
 The launcher itself is a Python wrapper (``CudaLauncher.__call__``) around a C function: it
 allocates scratch memory when the kernel needs some and passes everything on. For a kernel that
 needs none, ``LoadedKernel`` calls the C function itself, with what the wrapper would pass, where
-the installed wrapper's call is one this module knows (``_c_call_form``); elsewhere it calls the
-wrapper.
+the installed wrapper's call is one this module knows (``calls_c_function_directly``); elsewhere
+it calls the wrapper.
 """
 
 from __future__ import annotations
@@ -65,29 +65,23 @@ def _active(hook) -> bool:
 
 
 # How CudaLauncher.__call__ passes a launch on to its C function (``self.launch``), spaces removed,
-# in the releases whose JITFunction.run matches _CALL: "tuple" (3.7 to 3.9 at least: the kernel's
-# arguments as one tuple after its annotations) or "star" (3.5, 3.6: spread after the metadata).
-_C_CALL_FORMS = {
+# in the releases that pass the kernel's arguments as one tuple after its annotations (3.7 to 3.9
+# at least; the releases before spread them, a form this module leaves to the wrapper).
+_C_CALLS = tuple(
     "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
     "kernel_metadata,launch_metadata,launch_enter_hook,launch_exit_hook,global_scratch,"
-    "profile_scratch,self.arg_annotations,self.kernel_signature,kernel_args)": "tuple",
-    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
-    "kernel_metadata,launch_metadata,launch_enter_hook,launch_exit_hook,global_scratch,"
-    "profile_scratch,self.arg_annotations,self.kernel_signature,args)": "tuple",
-    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,"
-    "global_scratch,profile_scratch,*args)": "star",
-}
+    f"profile_scratch,self.arg_annotations,self.kernel_signature,{args})"
+    for args in ("args", "kernel_args"))
 
 
 @functools.lru_cache(maxsize=8)
-def _c_call_form(launcher_class) -> str | None:
-    """The form of the installed wrapper's call of its C function, or None when unknown."""
+def calls_c_function_directly(launcher_class) -> bool:
+    """Whether the installed wrapper's call of its C function is a known one (and its only one)."""
     try:
         source = re.sub(r"\s+", "", inspect.getsource(launcher_class.__call__))
     except (AttributeError, OSError, TypeError):
-        return None
-    forms = [form for call, form in _C_CALL_FORMS.items() if call in source]
-    return forms[0] if len(forms) == 1 and source.count("self.launch(") == 1 else None
+        return False
+    return source.count("self.launch(") == 1 and any(call in source for call in _C_CALLS)
 
 
 def _needs_wrapper(launcher) -> bool:
@@ -111,28 +105,21 @@ class LoadedKernel:
         self._run = compiled.run
         self._function = compiled.function
         self._metadata = compiled.packed_metadata
-        form = None if _needs_wrapper(self._run) else _c_call_form(type(self._run))
         self.launch = self._launch_through_wrapper
-        if form is not None:
+        if not _needs_wrapper(self._run) and calls_c_function_directly(type(self._run)):
             self._c_launch = self._run.launch
-            cooperative, pdl = self._run.launch_cooperative_grid, self._run.launch_pdl
-            if form == "tuple":
-                self._c_prefix = (cooperative, pdl, self._metadata, None, None, None, None, None,
-                                  self._run.arg_annotations, self._run.kernel_signature)
-                self.launch = self._launch_c_tuple
-            else:
-                self._c_prefix = (cooperative, pdl, None, None, self._metadata, None, None, None)
-                self.launch = self._launch_c_star
+            self._c_prefix = (self._run.launch_cooperative_grid, self._run.launch_pdl,
+                              self._metadata, None, None, None, None, None,
+                              self._run.arg_annotations, self._run.kernel_signature)
+            self.launch = self._launch_c_function
 
     def _launch_through_wrapper(self, grid_x: int, grid_y: int, stream, args) -> None:
         self._run(grid_x, grid_y, 1, stream, self._function, self._metadata, None, None, None,
                   *args)
 
-    def _launch_c_tuple(self, grid_x: int, grid_y: int, stream, args) -> None:
+    def _launch_c_function(self, grid_x: int, grid_y: int, stream, args) -> None:
+        # The wrapper's call with no launch metadata, no hooks and no scratch memory.
         self._c_launch(grid_x, grid_y, 1, stream, self._function, *self._c_prefix, args)
-
-    def _launch_c_star(self, grid_x: int, grid_y: int, stream, args) -> None:
-        self._c_launch(grid_x, grid_y, 1, stream, self._function, *self._c_prefix, *args)
 
 
 def load(jit_function, args, grid, options) -> LoadedKernel:
