@@ -129,13 +129,18 @@ def pointer_positions(arg_annotations, kernel_signature) -> tuple[int, ...]:
 
 
 class StandinLauncher:
-    """Triton's CUDA launcher where that is a C module (it needs libcuda to build): the enter and
-    exit hooks, the argument addresses, the count; no launch."""
+    """Triton's CUDA launcher where its C function is built per signature (it links libcuda),
+    shaped as that launcher is: ``launch`` in the C function's place calls the enter and exit
+    hooks, reads the argument addresses and counts; it launches nothing."""
 
     def __init__(self, src, metadata):
-        pass
+        self.launch = self.c_launch
 
-    def __call__(self, grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
+    def __call__(self, *args):
+        self.launch(*args)
+
+    @staticmethod
+    def c_launch(grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
                  enter_hook, exit_hook, *kernel_args):
         if enter_hook is not None:
             enter_hook(launch_metadata)
