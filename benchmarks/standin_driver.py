@@ -7,10 +7,10 @@ call that does the C launcher's Python-facing work (the launch hooks, ``data_ptr
 argument the kernel's signature makes a pointer) and launches nothing.
 Host time measured through it is the host time of a GPU launch, less the driver's C call.
 
-Releases whose CUDA launcher is a C module built per signature against libcuda (Triton 3.2 among
-them) cannot build it without a GPU: there the stand-in replaces that whole launcher by a Python
-one (``StandinLauncher``), and host times measured through it are not those of a GPU launch, while
-loads and launches are counted the same.
+Releases whose CUDA launcher is a C module built per signature against libcuda (3.2 and 3.6 among
+them; 3.8 and 3.9 have the Python launcher) cannot build it without a GPU: there the stand-in
+replaces that whole launcher by a Python one (``StandinLauncher``), and host times measured
+through it are not those of a GPU launch, while loads and launches are counted the same.
 
 CPU tensors stand in for CUDA tensors: with ``SPECOPS_BACKEND=triton`` specops routes them to its
 Triton launcher. ``TRITON_INTERPRET`` must be unset before triton is imported (under the
