@@ -6,8 +6,9 @@ cycle, so a loop that spends I warp-instructions per byte cannot go faster than
 132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does.  This compiles every variant of each
 kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with its
 launcher's own options, disassembles it with line information (nvdisasm, shipped with Triton),
-finds each row loop (an innermost loop of the kernel's _masses_p / _masses_residual), counts its
-instructions, and prints per variant the instructions per byte and that bound.
+finds each row loop (an innermost loop of masses_p / masses_residual, the row stages both kernels
+take from specops/core/race_triton.py), counts its instructions, and prints per variant the
+instructions per byte and that bound.
 
     python benchmarks/sass_budget.py            # both tables (about 30 s)
 
@@ -22,6 +23,7 @@ tests/test_block_compile.py assert GOAL for every variant with these functions.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
 import re
 import subprocess
@@ -103,9 +105,9 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
 
 
-def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(label or '', instruction text, kernel.py source lines of it, innermost first) per line of
-    SASS; labels come as ('.L_x_3', '', ())."""
+def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
+    """(label or '', instruction text, (source file, line) of it, innermost first, over its chain
+    of inlined calls) per line of SASS; labels come as ('.L_x_3', '', ())."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -114,7 +116,8 @@ def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
     rows, lines, after_comment = [], (), False
     for raw in text.splitlines():
         if raw.lstrip().startswith("//## File"):  # one instruction's inlining chain, over lines
-            found = tuple(int(n) for n in re.findall(r'kernel\.py", line (\d+)', raw))
+            found = tuple((os.path.realpath(path), int(line))
+                          for path, line in re.findall(r'"([^"]+)", line (\d+)', raw))
             lines = lines + found if after_comment else found
             after_comment = True
             continue
@@ -150,42 +153,41 @@ def innermost_loops(rows):
             if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
 
 
-def function_lines(fn) -> range:
-    source, first = inspect.getsourcelines(fn.fn)
-    return range(first, first + len(source))
+def source_lines(fn) -> set[tuple[str, int]]:
+    """(file, line) of every source line of a @triton.jit function."""
+    lines, first = inspect.getsourcelines(fn.fn)
+    path = os.path.realpath(inspect.getsourcefile(fn.fn))
+    return {(path, first + i) for i in range(len(lines))}
 
 
-def row_loop_functions(sampler: str) -> dict[str, list[range]]:
-    """Loop name -> the source lines that mark it, for each row loop of a sampler's kernel. The
-    block kernel's _masses_p compiles to two loops, told apart by its weighting line."""
-    if sampler == "chain":
-        from specops.chain import kernel as source
-    else:
-        from specops.block import kernel as source
-    functions = {"p": [function_lines(source._masses_p)],
-                 "residual": [function_lines(source._masses_residual)]}
-    if sampler == "block":
-        lines, first = inspect.getsourcelines(source._masses_p.fn)
-        weighting = [first + i for i, line in enumerate(lines) if "p = w_row * p" in line]
-        functions["scaled"] = [function_lines(source._masses_p), range(weighting[0],
-                                                                       weighting[0] + 1)]
-    return functions
+def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
+    """Loop name -> the source lines that mark it, for each row loop (both samplers' row passes
+    share them, in specops/core/race_triton.py). masses_p compiles to two loops where its SCALED
+    is used both ways (the block row pass), told apart by its weighting line."""
+    from specops.core.race_triton import masses_p, masses_residual
+
+    p_lines = source_lines(masses_p)
+    weighting = {(path, line) for path, line in p_lines
+                 if linecache.getline(path, line).strip() == "p = w_row * p"}
+    assert len(weighting) == 1, "masses_p's weighting line not found"
+    return {"p": [p_lines], "residual": [source_lines(masses_residual)],
+            "scaled": [p_lines, weighting]}
 
 
-def row_loops(kernel, sampler: str = "chain") -> dict[str, dict]:
+def row_loops(kernel) -> dict[str, dict]:
     """The row loops of a compiled kernel, by the function they come from: instructions per
     iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
-    functions = row_loop_functions(sampler)
+    markers = row_loop_markers()
     rows = disassemble(kernel.asm["cubin"])
     found = {}
     for first, last in innermost_loops(rows):
         body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
         touched = {line for _, lines in body for line in lines}
-        # The most specific name whose every marking span the loop touches.
-        names = [name for name, spans in functions.items()
-                 if all(touched.intersection(span) for span in spans)]
+        # The most specific name whose every marking set the loop touches.
+        names = [name for name, sets in markers.items()
+                 if all(touched.intersection(lines) for lines in sets)]
         if names:
-            name = max(names, key=lambda n: len(functions[n]))
+            name = max(names, key=lambda n: len(markers[n]))
             found[name] = {
                 "instructions": len(body),
                 "loads16": sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body),
@@ -195,9 +197,9 @@ def row_loops(kernel, sampler: str = "chain") -> dict[str, dict]:
     return found
 
 
-def compile_report(kernel, sampler: str | None = None) -> dict:
+def compile_report(kernel, with_row_loops: bool = False) -> dict:
     """What the compile tests check of a compiled kernel: local memory in the PTX, its resources,
-    spill instructions and, with ``sampler``, each row loop's 16-byte and other global loads.
+    spill instructions and, ``with_row_loops``, each row loop's 16-byte and other global loads.
     Without the CUDA tools beside Triton only the PTX check is made."""
     found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"]))}
     try:
@@ -208,10 +210,10 @@ def compile_report(kernel, sampler: str | None = None) -> dict:
     opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
                for _, text, _ in rows if text]
     found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
-    if sampler is not None:
+    if with_row_loops:
         found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
             op.startswith("LDG") and op != "LDG.E.128" for op in loop["opcodes"])}
-            for name, loop in row_loops(kernel, sampler).items()}
+            for name, loop in row_loops(kernel).items()}
     return found
 
 
@@ -229,7 +231,7 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[
     kernel = kernel or (compile_main if sampler == "chain" else compile_block_row_pass)(prob, draft)
     elem = PROB_DTYPES[prob]
     out = []
-    for name, loop in sorted(row_loops(kernel, sampler).items()):
+    for name, loop in sorted(row_loops(kernel).items()):
         rows_read = 2 if name == "residual" else 1
         chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (NUM_WARPS * 32))
         per_chunk = loop["instructions"] / chunks

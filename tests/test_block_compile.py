@@ -56,7 +56,7 @@ row_specs, scan_specs = json.loads(sys.argv[1])
 out = {"row": [], "scan": []}
 for prob, draft, aligned, ids in row_specs:
     kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned)
-    found = sass_budget.compile_report(kernel, "block")
+    found = sass_budget.compile_report(kernel, with_row_loops=True)
     if aligned and ids == "i64" and "row_loops" in found:
         found["budget"] = sass_budget.budget(prob, draft, kernel, "block")
     out["row"].append(found)

@@ -61,12 +61,12 @@ results = []
 for s in json.loads(sys.argv[1]):
     kernel = sass_budget.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
                                       s["block_n"], s["aligned"])
-    found = sass_budget.compile_report(kernel, "chain")
+    found = sass_budget.compile_report(kernel, with_row_loops=True)
     if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and "row_loops" in found:
         found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
     results.append(found)
 if len(sys.argv) > 2:
-    results.append(sass_budget.compile_report(sass_budget.compile_combine(), "chain"))
+    results.append(sass_budget.compile_report(sass_budget.compile_combine()))
 print(json.dumps(results))
 '''
 

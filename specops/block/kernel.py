@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import inverse_cdf, race_key, sanitize
+from ..core.race_triton import (chunk_values, masses_p, masses_residual, race_key, race_token,
+                                sanitize)
 
 
 @triton.jit
@@ -68,76 +69,13 @@ def _candidate_row(target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, strid
 
 
 @triton.jit
-def _masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
-              CHUNK: tl.constexpr):
-    """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
-    (count <= GROUP), chunk first + i in slot i. The next chunk is loaded (into registers) before
-    the current one is reduced, so two chunks per program are in flight."""
-    slot = tl.arange(0, GROUP)
-    lane = tl.arange(0, CHUNK)
-    masses = tl.zeros([GROUP], tl.float32)
-    ptr = row_p + first * CHUNK
-    left = vocab - first * CHUNK  # values of the row from this chunk on
-    p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
-    for i in range(count):
-        p = sanitize(p_next)
-        if SCALED:
-            p = w_row * p
-        ptr += CHUNK
-        left -= CHUNK
-        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
-        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
-    return masses
-
-
-@triton.jit
-def _masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexpr,
-                     CHUNK: tl.constexpr):
-    """float32 masses of R = max(w_row p - q, 0) and of p over chunks first .. first + count - 1,
-    chunk first + i in slot i: the row loop when q_t is read (next chunk prefetched, as above)."""
-    slot = tl.arange(0, GROUP)
-    lane = tl.arange(0, CHUNK)
-    res_masses = tl.zeros([GROUP], tl.float32)
-    p_masses = tl.zeros([GROUP], tl.float32)
-    offset = first * CHUNK
-    left = vocab - offset
-    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
-    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
-    for i in range(count):
-        p = sanitize(p_next)
-        q = sanitize(q_next)
-        offset += CHUNK
-        left -= CHUNK
-        in_range = lane < tl.where(i + 1 < count, left, 0)
-        p_next = tl.load(row_p + offset + lane, mask=in_range, other=0.0)
-        q_next = tl.load(row_q + offset + lane, mask=in_range, other=0.0)
-        res_masses = tl.where(slot == i, tl.sum(tl.maximum(w_row * p - q, 0.0), axis=0),
-                              res_masses)
-        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
-    return res_masses, p_masses
-
-
-@triton.jit
-def _chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    """The CHUNK values of R_t in one chunk, 0 past V: max(w_row p - q, 0) when read_q (draft
-    given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p. With
-    w_row = 1, read_q False and removed -1: sanitised p."""
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p = sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
-    if HAS_DRAFT:
-        q = sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
-        return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q_t is not read
-    else:
-        return tl.where(cols == removed, 0.0, w_row * p)
-
-
-@triton.jit
 def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
     """The running best (key, chunk) of a race against the group of chunks first + i, i < count,
     with masses[i]: lowest key wins; ties go to the lower chunk (the running best holds lower
     chunks)."""
     slot = tl.arange(0, GROUP)
+    # Not the chain kernel's form of the same key (mass tested in float32): it costs this kernel
+    # registers (specops/chain/kernel.py's _keep_best).
     keys = race_key(tl.where(slot < count, masses, 0.0), neg_log_u)
     key = tl.min(keys, axis=0)
     winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
@@ -159,8 +97,8 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
     removed_mass = 0.0
     if not HAS_DRAFT:
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
-            removed_mass = tl.sum(_chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
-                                                removed, False, CHUNK), axis=0)
+            removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
+                                               removed, False, CHUNK), axis=0)
     mass = tl.zeros([], tl.float64)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
@@ -170,14 +108,14 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
     for first in range(k_begin, k_end, GROUP):
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
         if read_q:
-            res_masses, p_masses = _masses_residual(row_p, row_q, w_row, first, count, vocab,
-                                                    GROUP, CHUNK)
+            res_masses, p_masses = masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP,
+                                                   CHUNK)
         elif scaled:
-            res_masses = _masses_p(row_p, w_row, first, count, vocab, True, GROUP, CHUNK)
+            res_masses = masses_p(row_p, w_row, first, count, vocab, True, GROUP, CHUNK)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, res_masses)
             p_masses = res_masses
         else:
-            p_masses = _masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK)
+            p_masses = masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         mass += tl.sum(res_masses.to(tl.float64), axis=0)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
@@ -186,19 +124,6 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
                                         GROUP)
         p_key, p_chunk = _keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
     return mass, res_key, res_chunk, p_key, p_chunk
-
-
-@triton.jit
-def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed, u_cdf,
-           HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
-    """The token of the race this program's result stands for, by one inverse CDF in its winning
-    chunk (read again): the R_t race wherever it has mass here (then it has mass in the row, so the
-    scan uses it), else the p_t race."""
-    use_res = res_key < float("inf")
-    chunk = tl.where(use_res, res_chunk, p_chunk)
-    values = _chunk_values(row_p, row_q, chunk, vocab, tl.where(use_res, w_row, 1.0),
-                           read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
-    return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 
 @triton.jit
@@ -256,8 +181,8 @@ def block_row_pass_kernel(
         row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0, stream,
         off_lo, off_hi, key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
     u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
-    token = _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
-                   u_cdf, HAS_DRAFT, CHUNK)
+    token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
+                       u_cdf, HAS_DRAFT, CHUNK)
     # The local result, for the scan to combine over the S programs of the row.
     rows = tl.num_programs(0).to(tl.int64) * (num_draft + 1)
     keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import inverse_cdf, sanitize
+from ..core.race_triton import chunk_values, masses_p, masses_residual, race_token, sanitize
 
 
 @triton.jit
@@ -70,71 +70,13 @@ def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_
 
 
 @triton.jit
-def _masses_p(row_p, first, count, vocab, GROUP: tl.constexpr, CHUNK: tl.constexpr):
-    """float32 masses of sanitised p over chunks first .. first + count - 1 (count <= GROUP), chunk
-    first + i in slot i: the row loop when q_e is not read.  The next chunk is loaded (into
-    registers) before the current one is reduced, so two chunks per program are in flight."""
-    slot = tl.arange(0, GROUP)
-    lane = tl.arange(0, CHUNK)
-    masses = tl.zeros([GROUP], tl.float32)
-    ptr = row_p + first * CHUNK
-    left = vocab - first * CHUNK  # values of the row from this chunk on
-    p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
-    for i in range(count):
-        p = sanitize(p_next)
-        ptr += CHUNK
-        left -= CHUNK
-        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
-        masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
-    return masses
-
-
-@triton.jit
-def _masses_residual(row_p, row_q, first, count, vocab, GROUP: tl.constexpr,
-                     CHUNK: tl.constexpr):
-    """float32 masses of the residual max(p - q, 0) and of p over chunks first .. first + count - 1,
-    chunk first + i in slot i: the row loop when q_e is read (next chunk prefetched, as above)."""
-    slot = tl.arange(0, GROUP)
-    lane = tl.arange(0, CHUNK)
-    res_masses = tl.zeros([GROUP], tl.float32)
-    p_masses = tl.zeros([GROUP], tl.float32)
-    offset = first * CHUNK
-    left = vocab - offset
-    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
-    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
-    for i in range(count):
-        p = sanitize(p_next)
-        q = sanitize(q_next)
-        offset += CHUNK
-        left -= CHUNK
-        in_range = lane < tl.where(i + 1 < count, left, 0)
-        p_next = tl.load(row_p + offset + lane, mask=in_range, other=0.0)
-        q_next = tl.load(row_q + offset + lane, mask=in_range, other=0.0)
-        res_masses = tl.where(slot == i, tl.sum(tl.maximum(p - q, 0.0), axis=0), res_masses)
-        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
-    return res_masses, p_masses
-
-
-@triton.jit
-def _chunk_values(row_p, row_q, chunk, vocab, read_q, removed, HAS_DRAFT: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    """The CHUNK values of one chunk of the sampled row: the residual when read_q (draft given)
-    or removed >= 0 (draft None: p with that token zeroed), else p; 0 past V."""
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p = sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
-    if HAS_DRAFT:
-        q = sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
-        return tl.maximum(p - q, 0.0)  # == p when q_e is not read
-    else:
-        return tl.where(cols == removed, 0.0, p)
-
-
-@triton.jit
 def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
     """Keep the best chunk of a race: the running (key, chunk) against the group of chunks first +
     i, i < count, with masses[i] (lowest key wins; ties go to the lower chunk, and the running best
     holds lower chunks). Key -log(u) / mass in float64, +inf without mass, as the reference."""
     slot = tl.arange(0, GROUP)
+    # race_key's key, its mass tested in float32: the block row pass's form (race_key on the
+    # masked masses) compiles to more instructions here, and this one to more registers there.
     has_mass = (masses > 0) & (slot < count)
     keys = tl.where(has_mass, neg_log_u / tl.where(has_mass, masses.to(tl.float64), 1.0),
                     float("inf"))
@@ -142,19 +84,6 @@ def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.
     winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
     better = key < best_key
     return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
-
-
-@triton.jit
-def _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_cdf,
-           HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
-    """The token of the race that is used, by one inverse CDF in its winning chunk (read again):
-    the residual race wherever it has mass here (then it has mass overall, so it is the one
-    used), else the p race."""
-    use_res = res_key < float("inf")
-    chunk = tl.where(use_res, res_chunk, p_chunk)
-    values = _chunk_values(row_p, row_q, chunk, vocab, read_q & use_res,
-                           tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
-    return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 
 @triton.jit
@@ -169,8 +98,8 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     removed_mass = 0.0
     if not HAS_DRAFT:
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
-            removed_mass = tl.sum(_chunk_values(row_p, row_q, removed_chunk, vocab, False,
-                                                removed, False, CHUNK), axis=0)
+            removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, 1.0, False,
+                                               removed, False, CHUNK), axis=0)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -179,10 +108,10 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     for first in range(k_begin, k_end, GROUP):
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
         if read_q:
-            res_masses, p_masses = _masses_residual(row_p, row_q, first, count, vocab, GROUP,
-                                                    CHUNK)
+            res_masses, p_masses = masses_residual(row_p, row_q, 1.0, first, count, vocab,
+                                                   GROUP, CHUNK)
         else:
-            p_masses = _masses_p(row_p, first, count, vocab, GROUP, CHUNK)
+            p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u.to(tl.float64))
@@ -233,11 +162,12 @@ def chain_speculative_sampling_kernel(
     read_q = HAS_DRAFT & residual_at_e
     k_begin = program.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
+    # The row is p_e itself: weight 1.0, never scaled (the row's total mass is not used).
     res_key, res_chunk, p_key, p_chunk = _races(
         row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo, off_hi,
         key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
-    token = _token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, read_q, removed, u_cdf,
-                   HAS_DRAFT, CHUNK)
+    token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, 1.0, read_q, removed,
+                       u_cdf, HAS_DRAFT, CHUNK)
     if programs == 1:
         has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))
