@@ -8,7 +8,7 @@ import functools
 import torch
 import triton
 
-from ..core.occupancy import LaunchPlan, best_plan, machine_programs, resident_programs
+from ..core.occupancy import RowPass
 from ..core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import block_row_pass_kernel, block_scan_kernel
@@ -37,19 +37,10 @@ REGISTERS = {
     (torch.bfloat16, True, False): 104,
     (torch.bfloat16, False, False): 80,
 }
-
-
-def programs_held(dtype: torch.dtype, has_draft: bool, vocab: int) -> int:
-    """Programs of the row pass the whole machine holds at once."""
-    return machine_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
-
-
-@functools.lru_cache(maxsize=4096)
-def launch_plan(rows: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> LaunchPlan:
-    """The plan for the row pass over ``rows`` = B (N + 1) candidate rows."""
-    resident = resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
-    chunk_bytes = CHUNK_SIZE * dtype.itemsize  # p_t only; reading q_t too scales every plan alike
-    return best_plan(max(rows, 1), num_chunks(vocab), resident, chunk_bytes, MAX_SPLITS)
+ROW_PASS = RowPass(REGISTERS, NUM_WARPS, MAX_SPLITS)
+programs_held = ROW_PASS.programs_held
+# The plan for the row pass over rows = B (N + 1) candidate rows: (rows, vocab, dtype, has_draft).
+launch_plan = functools.lru_cache(maxsize=4096)(ROW_PASS.plan)
 
 
 def choose_num_splits(rows: int, vocab: int, dtype: torch.dtype, has_draft: bool,

@@ -9,8 +9,7 @@ import functools
 
 import torch
 
-from ..core.occupancy import LaunchPlan, best_plan, machine_programs, resident_programs
-from ..core.race import CHUNK_SIZE, num_chunks
+from ..core.occupancy import RowPass
 
 NUM_WARPS = 4
 # Most programs per request: the combine kernel reads them in one block.
@@ -32,19 +31,9 @@ REGISTERS = {
     (torch.bfloat16, True, False): 110,
     (torch.bfloat16, False, False): 116,
 }
-
-
-def programs_held(dtype: torch.dtype, has_draft: bool, vocab: int) -> int:
-    """Programs of the chain kernel the whole machine holds at once."""
-    return machine_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
-
-
-@functools.lru_cache(maxsize=4096)
-def launch_plan(batch: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> LaunchPlan:
-    resident = resident_programs(REGISTERS[(dtype, has_draft, vocab % 16 == 0)], NUM_WARPS)
-    chunk_bytes = CHUNK_SIZE * dtype.itemsize  # p_e only; reading q_e too scales every plan alike
-    return best_plan(max(batch, 1), num_chunks(vocab), resident, chunk_bytes,
-                     MAX_PROGRAMS_PER_REQUEST)
+ROW_PASS = RowPass(REGISTERS, NUM_WARPS, MAX_PROGRAMS_PER_REQUEST)
+programs_held = ROW_PASS.programs_held
+launch_plan = functools.lru_cache(maxsize=4096)(ROW_PASS.plan)  # (batch, vocab, dtype, has_draft)
 
 
 def programs_per_request(batch: int, vocab: int, dtype: torch.dtype, has_draft: bool) -> int:

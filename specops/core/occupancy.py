@@ -11,14 +11,17 @@ slot gets an equal share of it:
     predicted time = LATENCY + (bytes of all programs) / BANDWIDTH / busy fraction
 
 ``best_plan`` picks the P (tokens do not depend on it) with the least predicted time.  Each
-sampler's launcher brings its kernel's registers per thread (from its compiled variants) and its
-most programs per row; docs/kernel.md tabulates the result, tests/test_launch.py checks it.
+sampler describes its row-pass kernel as a ``RowPass``: its registers per thread (from its compiled
+variants) and its most programs per row; docs/kernel.md tabulates the result, tests/test_launch.py
+checks it.
 """
 
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
+
+from .race import CHUNK_SIZE, num_chunks
 
 # H200 (sm_90): 132 SMs, each 65536 32-bit registers, at most 64 warps, 2048 threads, 32 programs.
 SMS = 132
@@ -81,3 +84,28 @@ def best_plan(rows: int, chunks: int, resident: int, chunk_bytes: int,
     plans = [plan(rows, chunks, resident, chunk_bytes, p) for p in sorted(candidates)
              if p <= max_programs]
     return min(plans, key=lambda p: (p.time, -p.busy, p.programs_per_request))
+
+
+class RowPass(NamedTuple):
+    """A sampler's row-pass kernel as the model sees it."""
+
+    # Registers per thread of its compiled variants, by (probability dtype, draft_probs given,
+    # V % 16 == 0: 16-byte row loads, else scalar loads).
+    registers: dict
+    num_warps: int
+    max_programs: int  # most programs per row
+
+    def resident(self, dtype, has_draft: bool, vocab: int) -> int:
+        """Programs of the kernel one SM holds at once."""
+        return resident_programs(self.registers[(dtype, has_draft, vocab % 16 == 0)],
+                                 self.num_warps)
+
+    def programs_held(self, dtype, has_draft: bool, vocab: int) -> int:
+        """Programs of the kernel the whole machine holds at once."""
+        return SMS * self.resident(dtype, has_draft, vocab)
+
+    def plan(self, rows: int, vocab: int, dtype, has_draft: bool) -> LaunchPlan:
+        """The plan for ``rows`` rows of ``vocab`` values. A chunk's bytes are p's alone: reading q
+        too scales every plan alike."""
+        return best_plan(max(rows, 1), num_chunks(vocab), self.resident(dtype, has_draft, vocab),
+                         CHUNK_SIZE * dtype.itemsize, self.max_programs)
