@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
 from ..core.race_triton import (chunk_values, masses_p, masses_residual, race_key, race_token,
-                                sanitize)
+                                sanitize, winning_token)
 
 
 @triton.jit
@@ -242,23 +242,6 @@ def _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, 
     return tl.max(tl.where(stop, t, 0), axis=0)
 
 
-@triton.jit
-def _winner(keys_ptr, tokens_ptr, row, splits, BLOCK_S: tl.constexpr):
-    """The token of row ``row`` over its S programs: the R race's winner when it has mass in any
-    program, else the p race's (lowest key; ties: lowest program, which holds the lower chunks);
-    -1 when neither has mass."""
-    s = tl.arange(0, BLOCK_S)
-    in_range = s < splits
-    slot = row * splits + s
-    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
-    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
-    use_res = tl.min(res_keys, axis=0) < float("inf")
-    keys = tl.where(use_res, res_keys, p_keys)
-    best = tl.min(keys, axis=0)
-    winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK_S), axis=0)
-    return tl.load(tokens_ptr + row * splits + winner, mask=best < float("inf"), other=-1)
-
-
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
                        "out_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
@@ -295,7 +278,7 @@ def block_scan_kernel(
     keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)
     tau = _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, off_lo,
                off_hi, key_lo, key_hi, BLOCK_N, BLOCK_S)
-    token = _winner(keys_ptr, tokens_ptr, b * (num_draft + 1) + tau, splits, BLOCK_S)
+    token = winning_token(keys_ptr, tokens_ptr, b * (num_draft + 1) + tau, splits, BLOCK_S)
     t = tl.arange(0, BLOCK_N)
     out = tl.where(t < tau, d.to(tl.int32), -1)
     out = tl.where(t == tau, token, out)

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import chunk_values, masses_p, masses_residual, race_token, sanitize
+from ..core.race_triton import (chunk_values, masses_p, masses_residual, race_token, sanitize,
+                                winning_token)
 
 
 @triton.jit
@@ -211,15 +212,6 @@ def combine_kernel(
     else the p race, else -1."""
     b = tl.program_id(0).to(tl.int64)
     keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
-    s = tl.arange(0, BLOCK_P)
-    in_range = s < programs
-    slot = b * programs + s
-    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
-    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
-    use_res = tl.min(res_keys, axis=0) < float("inf")
-    keys = tl.where(use_res, res_keys, p_keys)
-    best = tl.min(keys, axis=0)
-    winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK_P), axis=0)
-    token = tl.load(tokens_ptr + b * programs + winner)
+    token = winning_token(keys_ptr, tokens_ptr, b, programs, BLOCK_P)
     e = tl.load(e_ptr + b)
-    tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(best < float("inf"), token, -1))
+    tl.store(out_ptr + b * (num_draft + 1) + e, token)

@@ -121,3 +121,22 @@ def race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, 
     values = chunk_values(row_p, row_q, chunk, vocab, tl.where(use_res, w_row, 1.0),
                           read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
     return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
+
+
+@triton.jit
+def winning_token(keys_ptr, tokens_ptr, row, programs, BLOCK: tl.constexpr):
+    """The token of row ``row`` over the local results of its ``programs`` programs (float64 keys
+    at keys_ptr[2 (row * programs + s)] (residual race) and + 1 (p race), int32 tokens at
+    tokens_ptr[row * programs + s]): the residual race's winner when it has mass in any program,
+    else the p race's (lowest key; ties: lowest program, which holds the lower chunks); -1 when
+    neither has mass."""
+    s = tl.arange(0, BLOCK)
+    in_range = s < programs
+    slot = row * programs + s
+    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
+    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
+    use_res = tl.min(res_keys, axis=0) < float("inf")
+    keys = tl.where(use_res, res_keys, p_keys)
+    best = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK), axis=0)
+    return tl.load(tokens_ptr + row * programs + winner, mask=best < float("inf"), other=-1)
