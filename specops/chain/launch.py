@@ -19,9 +19,6 @@ GROUP = 128
 # How the kernels are built (tests/test_triton_compile.py compiles with the same options). No
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": False}
-# Arguments Triton specialises on 16-divisibility (the row pass's 16-byte loads need them).
-ROW_ARGUMENTS = ("target_ptr", "draft_ptr", "vocab", "stride_tb", "stride_tn", "stride_db",
-                 "stride_dn")
 
 
 def block_n(num_draft: int) -> int:
