@@ -302,6 +302,36 @@ def test_registered_op_same_tokens_on_every_path(context):
     assert not out.requires_grad
 
 
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vjp"])
+@pytest.mark.parametrize("public", [False, True])
+def test_same_tokens_inside_functorch_transforms(transform, public):
+    # grad, jvp and vjp put their own key below autograd: a call inside them (closing over its
+    # inputs) must reach it, not the kernel.
+    q, d, p = inputs()
+    batch = d.shape[0]
+    expected = specops.chain_speculative_sampling(q, d, p, seed=torch.arange(batch) * 7,
+                                                  offset=3)
+
+    def step(x):
+        acc, emit, seed, offset = op_args(batch)
+        if public:
+            out = specops.chain_speculative_sampling(q, d, p, acc, emit, seed=seed,
+                                                     offset=offset)[0]
+        else:
+            out = OP(q, d, p, acc, emit, seed, offset)
+        return (x * 2).sum(), (out, acc, emit)
+
+    x = torch.ones(3)
+    if transform == "grad":
+        out, acc, emit = torch.func.grad(step, has_aux=True)(x)[1]
+    elif transform == "jvp":
+        out, acc, emit = torch.func.jvp(step, (x,), (x,), has_aux=True)[2]
+    else:
+        out, acc, emit = torch.func.vjp(step, x, has_aux=True)[2]
+    assert torch.equal(out, expected[0])
+    assert torch.equal(acc, expected[1]) and torch.equal(emit.to(torch.int32), expected[2])
+
+
 def test_opcheck_with_inputs_that_require_grad():
     # opcheck's autograd-registration test needs an input that requires grad.
     q, d, p = inputs(batch=3, num_draft=2, vocab=64)

@@ -127,8 +127,9 @@ def register_verifier(
         # The outputs are integers: there is no gradient to record, only the counters' versions
         # to bump, which run() does. With no input that requires grad, autograd has nothing to
         # record; with no key below autograd that may record or reinterpret the call (fake
-        # tensors, make_fx and dispatch modes all bring the Python key), the kernel runs here.
-        # Anything else goes on below autograd, through custom_op's version bump, to those keys.
+        # tensors, make_fx and dispatch modes bring the Python key, functorch's grad and jvp
+        # their back-mode key), the kernel runs here. Anything else goes on below autograd,
+        # through custom_op's version bump, to those keys.
         if (keyset.raw_repr() & _INTERCEPTING_BITS == 0 and not target_probs.requires_grad
                 and (draft_probs is None or not draft_probs.requires_grad)):
             return kernel(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
@@ -150,11 +151,12 @@ def register_verifier(
 _SHORTCUT_LIBRARIES: list = []
 
 
-# Keys below autograd that change what a tensor is (functional, zero, conjugate or negative
-# tensors, Python subclasses and modes): their calls must reach those keys, not the kernel. None
-# has a backend component, so a key set holds one of them exactly when its bits meet these.
+# Keys below autograd that change what a tensor is or record the call (functional, zero,
+# conjugate or negative tensors, Python subclasses and modes, functorch's transform levels):
+# their calls must reach those keys, not the kernel. None has a backend component, so a key set
+# holds one of them exactly when its bits meet these.
 _KEY = torch._C.DispatchKey
 _INTERCEPTING_BITS = 0
 for _key in (_KEY.Python, _KEY.PythonTLSSnapshot, _KEY.Functionalize, _KEY.ZeroTensor,
-             _KEY.Conjugate, _KEY.Negative):
+             _KEY.Conjugate, _KEY.Negative, _KEY.FuncTorchDynamicLayerBackMode):
     _INTERCEPTING_BITS |= torch._C.DispatchKeySet(_key).raw_repr()
