@@ -113,7 +113,8 @@ for kernel in (loaded.main, loaded.combine):
                         known=triton_launch.calls_c_function_directly(type(kernel._run)),
                         same=calls[0] == calls[1]))
 version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-print(json.dumps(dict(expect_known=standin_driver.PYTHON_LAUNCHER and (3, 7) <= version <= (3, 9),
+known_release = (3, 7) <= version <= (3, 9)
+print(json.dumps(dict(expect_known=standin_driver.PYTHON_LAUNCHER and known_release,
                       kernels=results)))
 '''
 
