@@ -86,9 +86,9 @@ def block_speculative_sampling_triton(
         draft_probs = draft_probs.contiguous()
     rows = batch * (num_draft + 1)
     splits = choose_num_splits(rows, vocab, target_probs.dtype, has_draft, num_splits)
-    storage = torch.empty(rows + scratch_int32s(rows, splits), dtype=torch.int32,
-                          device=target_probs.device)
-    out = storage.as_strided((batch, num_draft + 1), (num_draft + 1, 1))
+    # One allocation, output then scratch, shrunk in place to the output's shape (no second tensor).
+    out = torch.empty(rows + scratch_int32s(rows, splits), dtype=torch.int32,
+                      device=target_probs.device).resize_(batch, num_draft + 1)
     if batch == 0:
         return out
 

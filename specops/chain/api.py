@@ -88,7 +88,8 @@ def chain_speculative_sampling(
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
     verifier = (_op.chain_speculative_sampling_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_op)
-    if eager or not torch.compiler.is_compiling():  # Dynamo cannot trace it: the op's fake does
+    # Under Dynamo the storage comparison cannot be traced; the op's fake implementation runs it.
+    if eager or not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
     if eager:
         output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,

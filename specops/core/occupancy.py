@@ -102,7 +102,8 @@ class RowPass(NamedTuple):
 
     def programs_held(self, dtype, has_draft: bool, vocab: int) -> int:
         """Programs of the kernel the whole machine holds at once."""
-        return SMS * self.resident(dtype, has_draft, vocab)
+        return machine_programs(self.registers[(dtype, has_draft, vocab % 16 == 0)],
+                                self.num_warps)
 
     def plan(self, rows: int, vocab: int, dtype, has_draft: bool) -> LaunchPlan:
         """The plan for ``rows`` rows of ``vocab`` values. A chunk's bytes are p's alone: reading q
