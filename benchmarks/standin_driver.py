@@ -100,11 +100,14 @@ class StandinUtils:
         # The C launcher reads the addresses of the arguments its signature calls pointers;
         # which those are is worked out once per signature, as the C code has it compiled in.
         key = (id(arg_annotations), kernel_signature)
-        pointers = self._pointers.get(key)
-        if pointers is None:
-            pointers = self._pointers[key] = pointer_positions(arg_annotations, kernel_signature)
-        for i in pointers:
-            kernel_args[i].data_ptr()
+        known = self._pointers.get(key)
+        if known is None:  # kept with its annotations, so that their id is not reused
+            known = self._pointers[key] = (arg_annotations,
+                                           pointer_positions(arg_annotations, kernel_signature))
+        for i in known[1]:
+            pointer = kernel_args[i]
+            if pointer is not None and type(pointer) is not int:  # the C launcher takes both
+                pointer.data_ptr()
         self.launches += 1
         if exit_hook is not None:
             exit_hook(launch_metadata)
