@@ -116,7 +116,7 @@ def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...
     rows, lines, after_comment = [], (), False
     for raw in text.splitlines():
         if raw.lstrip().startswith("//## File"):  # one instruction's inlining chain, over lines
-            found = tuple((os.path.realpath(path), int(line))
+            found = tuple((source_file(path), int(line))
                           for path, line in re.findall(r'"([^"]+)", line (\d+)', raw))
             lines = lines + found if after_comment else found
             after_comment = True
@@ -153,10 +153,17 @@ def innermost_loops(rows):
             if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
 
 
+def source_file(path: str) -> str:
+    """A source file as its last three path parts (specops/core/race_triton.py): Triton's cache
+    may hand back a kernel compiled from another checkout of the same source, whose line table
+    names that checkout's files."""
+    return "/".join(os.path.realpath(path).split(os.sep)[-3:])
+
+
 def source_lines(fn) -> set[tuple[str, int]]:
-    """(file, line) of every source line of a @triton.jit function."""
+    """(file, line) of every source line of a @triton.jit function, files as source_file."""
     lines, first = inspect.getsourcelines(fn.fn)
-    path = os.path.realpath(inspect.getsourcefile(fn.fn))
+    path = source_file(inspect.getsourcefile(fn.fn))
     return {(path, first + i) for i in range(len(lines))}
 
 
@@ -167,8 +174,9 @@ def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
     from specops.core.race_triton import masses_p, masses_residual
 
     p_lines = source_lines(masses_p)
+    source = inspect.getsourcefile(masses_p.fn)
     weighting = {(path, line) for path, line in p_lines
-                 if linecache.getline(path, line).strip() == "p = w_row * p"}
+                 if linecache.getline(source, line).strip() == "p = w_row * p"}
     assert len(weighting) == 1, "masses_p's weighting line not found"
     return {"p": [p_lines], "residual": [source_lines(masses_residual)],
             "scaled": [p_lines, weighting]}
