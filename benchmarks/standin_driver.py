@@ -94,30 +94,27 @@ class StandinUtils:
     def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
                launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
                arg_annotations, kernel_signature, kernel_args):
-        # The hooks as the C launcher calls them: around the launch, when given.
-        if enter_hook is not None:
-            enter_hook(launch_metadata)
-        # The C launcher reads the addresses of the arguments its signature calls pointers;
-        # which those are is worked out once per signature, as the C code has it compiled in.
+        # Which arguments are pointers is worked out once per signature (the C launcher reads
+        # each argument's kind from the signature's bytes, in C).
         key = (id(arg_annotations), kernel_signature)
         known = self._pointers.get(key)
         if known is None:  # kept with its annotations, so that their id is not reused
             known = self._pointers[key] = (arg_annotations,
                                            pointer_positions(arg_annotations, kernel_signature))
-        for i in known[1]:
+        self.record_launch(kernel_args, known[1], launch_metadata, enter_hook, exit_hook)
+
+    def record_launch(self, kernel_args, pointers, launch_metadata, enter_hook, exit_hook):
+        """The C launcher's Python-facing work: the hooks around the launch, when given, and the
+        address of every pointer argument (None or an int is taken as it is)."""
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
+        for i in pointers:
             pointer = kernel_args[i]
-            if pointer is not None and type(pointer) is not int:  # the C launcher takes both
+            if pointer is not None and type(pointer) is not int:
                 pointer.data_ptr()
         self.launches += 1
         if exit_hook is not None:
             exit_hook(launch_metadata)
-
-    def record_launch(self, kernel_args):
-        # The launcher reads every pointer argument's address; so does this one.
-        for arg in kernel_args:
-            if isinstance(arg, torch.Tensor):
-                arg.data_ptr()
-        self.launches += 1
 
 
 def pointer_positions(arg_annotations, kernel_signature) -> tuple[int, ...]:
@@ -145,11 +142,9 @@ class StandinLauncher:
     @staticmethod
     def c_launch(grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
                  enter_hook, exit_hook, *kernel_args):
-        if enter_hook is not None:
-            enter_hook(launch_metadata)
-        triton.runtime.driver.active.utils.record_launch(kernel_args)
-        if exit_hook is not None:
-            exit_hook(launch_metadata)
+        tensors = [i for i, arg in enumerate(kernel_args) if isinstance(arg, torch.Tensor)]
+        triton.runtime.driver.active.utils.record_launch(kernel_args, tensors, launch_metadata,
+                                                         enter_hook, exit_hook)
 
 
 class StandinDriver(GPUDriver):
