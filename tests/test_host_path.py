@@ -25,14 +25,18 @@ from inputs import softmax_inputs  # tests/inputs.py
 ROOT = Path(__file__).resolve().parents[1]
 OP = torch.ops.specops.chain_speculative_sampling
 
-STANDIN_SCRIPT = r'''
-import json, os, sys
+# The start of every stand-in script: the driver installed before the first launch, B, N and V.
+STANDIN_PREAMBLE = r'''
+import json, sys
 sys.path.insert(0, "benchmarks")  # standin_driver lives with the benchmarks
 import standin_driver
 driver = standin_driver.install()
-import torch, specops
-OP = torch.ops.specops.chain_speculative_sampling
+import torch, triton, specops
 B, N, V = 16, 4, 32000
+'''
+
+STANDIN_SCRIPT = STANDIN_PREAMBLE + r'''
+OP = torch.ops.specops.chain_speculative_sampling
 gen = torch.Generator().manual_seed(0)
 target = torch.rand(B, N + 1, V, generator=gen)
 draft = torch.rand(B, N, V, generator=gen)
@@ -84,15 +88,9 @@ def test_host_overhead_benchmark_runs():
         assert entry in out, out
 
 
-C_CALL_SCRIPT = r'''
-import json, sys
-sys.path.insert(0, "benchmarks")
-import standin_driver
-standin_driver.install()
-import torch, triton, specops
+C_CALL_SCRIPT = STANDIN_PREAMBLE + r'''
 from specops.chain import launch
 from specops.core import triton_launch
-B, N, V = 16, 4, 32000
 specops.chain_speculative_sampling(torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long),
                                    torch.rand(B, N + 1, V), seed=1)
 if not triton_launch.direct_launch_supported():
@@ -102,7 +100,8 @@ loaded = next(iter(launch._LOADED.values()))
 results = []
 for kernel in (loaded.main, loaded.combine):
     calls = []
-    record = lambda *args: calls.append(tuple(id(a) if torch.is_tensor(a) else repr(a) for a in args))
+    record = lambda *args: calls.append(
+        tuple(id(a) if torch.is_tensor(a) else repr(a) for a in args))
     kernel._run.launch = record  # the C function, as the wrapper and the direct path find it
     if hasattr(kernel, "_c_launch"):
         kernel._c_launch = record
@@ -134,13 +133,7 @@ def test_direct_c_launch_passes_what_the_wrapper_passes():
         assert kernel["known"] or not report["expect_known"], report
 
 
-HOOK_SCRIPT = r'''
-import json, sys
-sys.path.insert(0, "benchmarks")
-import standin_driver
-standin_driver.install()
-import torch, triton, specops
-B, N, V = 16, 4, 32000
+HOOK_SCRIPT = STANDIN_PREAMBLE + r'''
 args = (torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long), torch.rand(B, N + 1, V))
 specops.chain_speculative_sampling(*args, seed=1)  # warm: later calls launch directly
 seen = []
@@ -389,6 +382,7 @@ def test_inputs_that_require_grad_record_no_autograd_graph():
 
 
 def test_shortcuts_are_registered_for_cpu_and_cuda():
-    for name in ("specops::chain_speculative_sampling", "specops::chain_block_speculative_sampling"):
+    for name in ("specops::chain_speculative_sampling",
+                 "specops::chain_block_speculative_sampling"):
         for key in ("CPU", "CUDA", "AutogradCPU", "AutogradCUDA"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)

@@ -401,7 +401,8 @@ def test_generator_under_compile(backend):
         torch.compile(_with_generator, fullgraph=True, backend=backend)(
             q, d, p, torch.Generator().manual_seed(3))
     # Without fullgraph=True, Dynamo breaks the graph there and the call runs eagerly.
-    broken = torch.compile(_with_generator, backend=backend)(q, d, p, torch.Generator().manual_seed(3))
+    broken = torch.compile(_with_generator, backend=backend)(q, d, p,
+                                                             torch.Generator().manual_seed(3))
     assert torch.equal(broken, _with_generator(q, d, p, torch.Generator().manual_seed(3)))
     # The documented replacement (docs/recipes.md): draw outside, pass the tensors in.
     compiled = torch.compile(_with_drawn_seed, fullgraph=True, backend=backend)
