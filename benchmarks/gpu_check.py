@@ -272,7 +272,6 @@ def grid(dtype_name: str, rehearse: bool, budget_s: float) -> int:
     # specops (and Triton with it) is imported here, in the step's own process, whose environment
     # the entry set (TRITON_INTERPRET on a rehearsal).
     import specops  # noqa: F401  (registers torch.ops.specops.chain_speculative_sampling)
-    from specops.chain.occupancy import programs_per_request
 
     deadline = time.monotonic() + budget_s
     device = torch.device("cpu" if rehearse else "cuda")
@@ -298,8 +297,7 @@ def grid(dtype_name: str, rehearse: bool, budget_s: float) -> int:
                 print(f"time budget spent: the {dtype_name} grid stops before B={batch} N={num_draft} V={vocab}",
                       flush=True)
                 return 0
-            row = measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs,
-                                programs_per_request)
+            row = measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs)
             row.update(dtype=dtype_name, fraction_of_copy=fmt(row.pop("achieved") / copy_bw),
                        copy_TBps=fmt(copy_bw / 1e12), device=device.type)
             writer.writerow(row)
@@ -312,7 +310,22 @@ def fmt(value: float) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.4g}"
 
 
-def measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs, programs_per_request) -> dict:
+def planned_programs(batch: int, num_draft: int, vocab: int, dtype) -> int | str:
+    """Programs per request the token launcher's plan gives this point ('' without a compiled
+    kernel: under the interpreter)."""
+    from specops.chain.token import launch
+    from specops.core import occupancy
+
+    constexprs = (True, launch.block_n(num_draft), launch.GROUP, launch.CHUNK_SIZE)
+    for (_, key), compiled in launch.MAIN._compiled.items():
+        if key[0] == constexprs and key[1] == dtype:
+            return occupancy.programs_per_row(compiled, batch, -(-vocab // launch.CHUNK_SIZE),
+                                              launch.CHUNK_SIZE * dtype.itemsize,
+                                              launch.MAX_PROGRAMS_PER_REQUEST)
+    return ""
+
+
+def measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs) -> dict:
     """One grid point: our op and the eager baseline, eagerly and (on CUDA) under graph replay."""
     one_set = batch * (2 * num_draft + 1) * vocab * torch.finfo(dtype).bits // 8
     copies = max(1, min(16, -(-2 * L2_BYTES // one_set), max_bytes // one_set))
@@ -346,7 +359,7 @@ def measure_point(batch, num_draft, vocab, dtype, device, gen, max_bytes, graphs
         torch.cuda.empty_cache()
     best = ours_graph if graphs else ours_eager
     return {
-        "B": batch, "N": num_draft, "V": vocab, "programs": programs_per_request(batch, vocab, dtype, True), "copies": copies,
+        "B": batch, "N": num_draft, "V": vocab, "programs": planned_programs(batch, num_draft, vocab, dtype), "copies": copies,
         "needed_MB": fmt(moved / 1e6), "ours_eager_us": fmt(ours_eager * 1e6),
         "base_eager_us": fmt(base_eager * 1e6), "speedup_eager": fmt(base_eager / ours_eager),
         "ours_graph_us": fmt(ours_graph * 1e6), "base_graph_us": fmt(base_graph * 1e6),

@@ -39,9 +39,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import specops  # noqa: E402
-from specops.chain.api import PUBLIC_NAMES  # noqa: E402
-from specops.chain.launch import chain_speculative_sampling_triton  # noqa: E402
-from specops.core.checks import check_arguments, check_counters_apart  # noqa: E402
+from specops.api import PUBLIC_NAMES  # noqa: E402
+from specops.chain.token.launch import chain_speculative_sampling_triton  # noqa: E402
+from specops.chain.arguments import check_arguments, check_counters_apart  # noqa: E402
 from specops.core.seeding import resolve_seed_and_offset  # noqa: E402
 
 OP = torch.ops.specops.chain_speculative_sampling

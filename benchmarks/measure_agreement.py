@@ -40,10 +40,10 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from specops.block.launch import block_speculative_sampling_triton  # noqa: E402
-from specops.block.reference import block_speculative_sampling_reference  # noqa: E402
-from specops.chain.launch import chain_speculative_sampling_triton  # noqa: E402
-from specops.chain.reference import chain_speculative_sampling_reference  # noqa: E402
+from specops.chain.block.launch import block_speculative_sampling_triton  # noqa: E402
+from specops.chain.block.reference import block_speculative_sampling_reference  # noqa: E402
+from specops.chain.token.launch import chain_speculative_sampling_triton  # noqa: E402
+from specops.chain.token.reference import chain_speculative_sampling_reference  # noqa: E402
 
 # (reference, kernel) of each verification mode.
 IMPLEMENTATIONS = {

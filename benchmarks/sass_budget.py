@@ -73,34 +73,33 @@ def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
 
 
 def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
-    """The chain kernel as the launcher would specialise it."""
-    from specops.chain.kernel import chain_speculative_sampling_kernel
-    from specops.chain.launch import GROUP, LAUNCH_OPTIONS
+    """The token-verification kernel as the launcher would specialise it."""
+    from specops.chain.token.kernel import chain_speculative_sampling_kernel
+    from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
-             "offset_ptr": "*i64", "out_ptr": "*i32"}
+             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
                               LAUNCH_OPTIONS)
 
 
 def compile_combine():
-    from specops.chain.kernel import combine_kernel
-    from specops.chain.launch import LAUNCH_OPTIONS
-    from specops.chain.occupancy import MAX_PROGRAMS_PER_REQUEST
+    from specops.chain.token.kernel import combine_kernel
+    from specops.chain.token.launch import LAUNCH_OPTIONS, MAX_PROGRAMS_PER_REQUEST
 
-    return compile_for_hopper(combine_kernel, {"out_ptr": "*i32"},
+    return compile_for_hopper(combine_kernel, {"partials_ptr": "*fp64", "out_ptr": "*i32"},
                               {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}, options=LAUNCH_OPTIONS)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
     """The block-verification row pass as its launcher would specialise it."""
-    from specops.block.kernel import block_row_pass_kernel
-    from specops.block.launch import GROUP, LAUNCH_OPTIONS
+    from specops.chain.block.kernel import block_row_pass_kernel
+    from specops.chain.block.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
-             "seed_ptr": "*i64", "offset_ptr": "*i64", "out_ptr": "*i32"}
+             "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
 
@@ -232,19 +231,20 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
     if sampler == "chain":
-        from specops.chain.launch import NUM_WARPS
+        from specops.chain.token.launch import LAUNCH_OPTIONS
     else:
-        from specops.block.launch import NUM_WARPS
+        from specops.chain.block.launch import LAUNCH_OPTIONS
+    num_warps = LAUNCH_OPTIONS["num_warps"]
 
     kernel = kernel or (compile_main if sampler == "chain" else compile_block_row_pass)(prob, draft)
     elem = PROB_DTYPES[prob]
     out = []
     for name, loop in sorted(row_loops(kernel).items()):
         rows_read = 2 if name == "residual" else 1
-        chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (NUM_WARPS * 32))
+        chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
         per_chunk = loop["instructions"] / chunks
         chunk_bytes = rows_read * CHUNK * elem
-        per_byte = per_chunk * NUM_WARPS / chunk_bytes
+        per_byte = per_chunk * num_warps / chunk_bytes
         out.append({"variant": f"{prob} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
                     "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
                     "bytes_per_chunk": chunk_bytes, "instructions_per_byte": per_byte,

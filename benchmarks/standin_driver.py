@@ -21,6 +21,7 @@ interpreter ``@triton.jit`` builds interpreter objects, not compilable kernels).
     ...
     driver.utils.modules_loaded            # binaries loaded so far (one per new specialisation)
     driver.utils.launches                  # launches so far
+    driver.utils.grids                     # the grid of every launch, in order
 
 The tensors' contents are never computed: outputs are whatever ``torch.empty`` left there.
 """
@@ -47,9 +48,11 @@ PYTHON_LAUNCHER = hasattr(nvidia_driver, "PyKernelArg")
 # Newer releases also take the most threads per block from load_binary.
 LOAD_BINARY_GIVES_MAX_THREADS = "n_max_threads" in inspect.getsource(CompiledKernel._init_handles)
 
-# Hopper: H100/H200 figures the launch path reads (shared memory limit, threads per block).
+# Hopper: H100/H200 figures the launch path reads (shared memory limit, threads per block); the
+# SM count can be changed through STANDIN_SMS, to see launch plans follow the device.
 CAPABILITY = (9, 0)
-PROPERTIES = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132,
+SMS = int(os.environ.get("STANDIN_SMS", "132"))
+PROPERTIES = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": SMS,
               "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000,
               "mem_bus_width": 5120}
 MAX_THREADS = 1024
@@ -71,12 +74,14 @@ class StandinUtils:
     def __init__(self):
         self.modules_loaded = 0
         self.launches = 0
+        self.grids = []  # (x, y, z) of every launch, in order
         self._pointers = {}
 
     def load_binary(self, name, kernel, shared, device):
         self.modules_loaded += 1
-        # (module, function, registers, spills[, most threads per block])
-        loaded = (self.modules_loaded, self.modules_loaded, 0, 0)
+        # (module, function, registers, spills[, most threads per block]); the registers are the
+        # cubin's, as the driver reports them
+        loaded = (self.modules_loaded, self.modules_loaded, cubin_registers(kernel), 0)
         return (*loaded, MAX_THREADS) if LOAD_BINARY_GIVES_MAX_THREADS else loaded
 
     def unload_module(self, module):
@@ -101,11 +106,13 @@ class StandinUtils:
         if known is None:  # kept with its annotations, so that their id is not reused
             known = self._pointers[key] = (arg_annotations,
                                            pointer_positions(arg_annotations, kernel_signature))
-        self.record_launch(kernel_args, known[1], launch_metadata, enter_hook, exit_hook)
+        self.record_launch((grid_x, grid_y, grid_z), kernel_args, known[1], launch_metadata,
+                           enter_hook, exit_hook)
 
-    def record_launch(self, kernel_args, pointers, launch_metadata, enter_hook, exit_hook):
+    def record_launch(self, grid, kernel_args, pointers, launch_metadata, enter_hook, exit_hook):
         """The C launcher's Python-facing work: the hooks around the launch, when given, and the
         address of every pointer argument (None or an int is taken as it is)."""
+        self.grids.append(grid)
         if enter_hook is not None:
             enter_hook(launch_metadata)
         for i in pointers:
@@ -115,6 +122,13 @@ class StandinUtils:
         self.launches += 1
         if exit_hook is not None:
             exit_hook(launch_metadata)
+
+
+def cubin_registers(cubin: bytes) -> int:
+    """Registers per thread of a compiled kernel, read from its cubin (cuobjdump, beside Triton)."""
+    from sass_budget import resources  # benchmarks/, beside this file
+
+    return resources(cubin)["REG"]
 
 
 def pointer_positions(arg_annotations, kernel_signature) -> tuple[int, ...]:
@@ -143,8 +157,9 @@ class StandinLauncher:
     def c_launch(grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
                  enter_hook, exit_hook, *kernel_args):
         tensors = [i for i, arg in enumerate(kernel_args) if isinstance(arg, torch.Tensor)]
-        triton.runtime.driver.active.utils.record_launch(kernel_args, tensors, launch_metadata,
-                                                         enter_hook, exit_hook)
+        triton.runtime.driver.active.utils.record_launch((grid_x, grid_y, grid_z), kernel_args,
+                                                         tensors, launch_metadata, enter_hook,
+                                                         exit_hook)
 
 
 class StandinDriver(GPUDriver):

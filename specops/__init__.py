@@ -7,7 +7,7 @@ Layout: ``core/`` holds what every sampler shares, each sampler has its own pack
 token verification, ``block/`` block verification); docs/contributing.md has the map.
 """
 
-from .chain.api import chain_speculative_sampling
+from .api import chain_speculative_sampling
 from .warmup import warmup
 from .core.race import CHUNK_SIZE
 

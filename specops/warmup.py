@@ -46,8 +46,8 @@ def warmup(
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
-    from .block.launch import block_speculative_sampling_triton
-    from .chain.launch import chain_speculative_sampling_triton
+    from .chain.block.launch import block_speculative_sampling_triton
+    from .chain.token.launch import chain_speculative_sampling_triton
 
     launchers = {"token": chain_speculative_sampling_triton,
                  "block": block_speculative_sampling_triton}
@@ -66,6 +66,8 @@ def warmup(
         ids = torch.zeros(1, n, dtype=ids_dt, device=device)
         counters = torch.zeros(2, dtype=counter_dt, device=device)
         seed = torch.zeros(2, dtype=torch.int64, device=device)
-        launch(draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:])
+        # Split over two programs too where V has two chunks: token verification's combine kernel.
+        for programs in (1, 2):
+            launch(draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:], programs)
         count += 1
     return count

@@ -7,8 +7,8 @@ import torch
 from inputs import make_inputs, seeds  # tests/inputs.py
 
 import specops
-from specops.block.launch import block_speculative_sampling_triton
-from specops.block.reference import block_speculative_sampling_reference
+from specops.chain.block.launch import block_speculative_sampling_triton
+from specops.chain.block.reference import block_speculative_sampling_reference
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import specops
-from specops.block.reference import block_speculative_sampling_reference
-from specops.core.registry import VERIFIER_SCHEMA
+from specops.chain.block.reference import block_speculative_sampling_reference
+from specops.chain.verifier import SCHEMA as VERIFIER_SCHEMA
 
 from inputs import counters, softmax_inputs as make_inputs  # tests/inputs.py
 

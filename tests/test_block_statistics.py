@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import specops
-from specops.block import reference as block
-from specops.core.outputs import write_outputs
+from specops.chain.block import reference as block
+from specops.chain.outputs import write_outputs
 from specops.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specops.chain import cpu, reference
+from specops.chain.token import cpu, reference
 from specops.core.race import chunk_masses
 
 

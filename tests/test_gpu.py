@@ -7,8 +7,8 @@ import torch
 from inputs import make_inputs, seeds  # tests/inputs.py
 
 import specops
-from specops.chain.launch import chain_speculative_sampling_triton
-from specops.chain.reference import chain_speculative_sampling_reference
+from specops.chain.token.launch import chain_speculative_sampling_triton
+from specops.chain.token.reference import chain_speculative_sampling_reference
 from specops.stats import chi2_pvalue
 
 pytestmark = [
@@ -34,7 +34,7 @@ def test_opcheck_cuda():
 
 
 def test_default_backend_is_triton_on_cuda(monkeypatch):
-    import specops.chain.launch as module
+    import specops.chain.token.launch as module
 
     calls = []
     original = module.chain_speculative_sampling_triton

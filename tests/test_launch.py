@@ -1,86 +1,116 @@
-"""The launch model (specops/core/occupancy.py, with each sampler's part: chain/occupancy.py and
-block/launch.py) and the launchers' host side (specops/chain/launch.py, specops/block/launch.py).
+"""The launchers: the launch model (specops/core/occupancy.py) and the one launcher every sampler
+uses (specops/core/launcher.py), on Triton's real launch path.
 
-The model picks the programs per row for every batch size; these tests hold it to the two
-properties that matter on an H200: the machine is kept busy wherever the work can fill it, and the
-predicted time never jumps between neighbouring batch sizes (no occupancy cliffs).
+Without a GPU the launch-path tests run the stand-in CUDA driver (benchmarks/standin_driver.py:
+Triton's launch path up to the final C call, on CPU tensors, counting the binaries it loads and
+the launches it makes). It needs compiled kernels, so those tests run in subprocesses without
+TRITON_INTERPRET (conftest.py sets it for this process).
 """
 
 from __future__ import annotations
 
-import pytest
-import torch
+import json
+import os
+import subprocess
+import sys
 
-from specops.block import launch as block_launch
-from specops.chain import occupancy as chain_occupancy
+import pytest
+
 from specops.core import occupancy
 from specops.core.race import num_chunks
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCABS = (32000, 128256, 151936)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BATCHES = range(1, 4097)
-BLOCK_NUM_DRAFT = 4  # block verification: B (N + 1) candidate rows
 
 
-def chain_plans(vocab, dtype, has_draft):
-    return (chain_occupancy.programs_held(dtype, has_draft, vocab),
-            chain_occupancy.MAX_PROGRAMS_PER_REQUEST, 1,
-            [chain_occupancy.launch_plan(batch, vocab, dtype, has_draft) for batch in BATCHES])
+def run_standin(script: str, *args: str, env: dict | None = None, timeout: int = 600) -> dict:
+    """Run ``script`` under the stand-in driver; its last line of output is JSON."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"),
+                                                 environment.get("PYTHONPATH", "")])
+    environment["SPECOPS_BACKEND"] = "triton"  # CPU tensors to the Triton launchers
+    environment.update(env or {})
+    preamble = "import standin_driver\ndriver = standin_driver.install()\n"
+    proc = subprocess.run([sys.executable, "-c", preamble + script, *args], capture_output=True,
+                          text=True, env=environment, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def block_plans(vocab, dtype, has_draft):
-    rows = BLOCK_NUM_DRAFT + 1
-    return (block_launch.programs_held(dtype, has_draft, vocab), block_launch.MAX_SPLITS, rows,
-            [block_launch.launch_plan(batch * rows, vocab, dtype, has_draft) for batch in BATCHES])
+# ---------------------------------------------------------------------------------- the model
 
-
-@pytest.mark.parametrize("sampler", [chain_plans, block_plans], ids=["chain", "block"])
-@pytest.mark.parametrize("has_draft", [True, False])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_no_occupancy_cliffs(dtype, has_draft, sampler):
+@pytest.mark.parametrize("registers,sms", [(56, 132), (64, 132), (104, 132), (64, 78),
+                                           (40, 108)])
+@pytest.mark.parametrize("rows_per_request", [1, 5])  # token verification; block, N = 4
+def test_no_occupancy_cliffs(registers, sms, rows_per_request):
+    """For any kernel and device: the machine is kept busy wherever the work can fill it, and the
+    predicted time never jumps between neighbouring batch sizes."""
+    gpu = occupancy.Device(sms=sms, registers_per_sm=65536, shared_per_sm=232448,
+                           threads_per_sm=2048)
+    slots = sms * occupancy.resident_programs(registers, 4, 1024, gpu)
     for vocab in VOCABS:
         chunks = num_chunks(vocab)
-        held, max_programs, rows_per_request, plans = sampler(vocab, dtype, has_draft)
+        plans = [occupancy.best_plan(batch * rows_per_request, chunks, slots, 4096, 256)
+                 for batch in BATCHES]
         for batch, plan in zip(BATCHES, plans):
-            assert 1 <= plan.programs_per_request <= min(chunks, max_programs)
+            assert 1 <= plan.programs_per_row <= min(chunks, 256)
             # Every program has chunks_per_program chunks but the last, which has at least one.
-            assert (plan.programs_per_request - 1) * plan.chunks_per_program < chunks
-            if batch * rows_per_request * chunks >= occupancy.FILL_CHUNKS_PER_SLOT * held:
+            assert (plan.programs_per_row - 1) * plan.chunks_per_program < chunks
+            if batch * rows_per_request * chunks >= occupancy.FILL_CHUNKS_PER_SLOT * slots:
                 assert plan.busy >= 0.85, (vocab, batch, plan)
         for batch, (before, after) in enumerate(zip(plans, plans[1:]), start=1):
             assert after.time <= 1.3 * before.time, (vocab, batch, before, after)
 
 
-def test_model_matches_the_figures_it_was_built_from():
-    # 56 registers: 7 blocks of 256 per warp, 28 per program: 9 programs (36 warps) per SM.
-    assert occupancy.resident_programs(56, 4) == 9
-    assert occupancy.resident_programs(64, 4) == 8
-    assert occupancy.resident_programs(115, 4) == 4  # the one-pass kernel with float64 keys
-    assert occupancy.machine_programs(56, 4) == 132 * 9
-    # B = 1, V = 151936: one chunk per program, as many programs as chunks.
-    assert chain_occupancy.programs_per_request(1, 151936, torch.bfloat16, True) == 149
-    # Many requests: one program per request unless the wave tail says otherwise; busy.
-    assert chain_occupancy.programs_per_request(1188, 151936, torch.bfloat16, True) == 1
-    assert chain_occupancy.launch_plan(4096, 151936, torch.bfloat16, True).busy > 0.95
-    # Block verification: its rows are the requests' candidate rows; the same model.
-    assert block_launch.launch_plan(5, 151936, torch.bfloat16, True).programs_per_request == 149
-    assert block_launch.launch_plan(4096 * 5, 151936, torch.bfloat16, True).busy > 0.95
+def test_resident_programs_follow_each_limit():
+    # Registers are given to warps in blocks of 256: 56 registers -> 7 blocks per warp.
+    gpu = occupancy.Device(sms=1, registers_per_sm=65536, shared_per_sm=232448,
+                           threads_per_sm=2048)
+    assert occupancy.resident_programs(56, 4, 1024, gpu) == 65536 // (7 * 256 * 4)
+    assert occupancy.resident_programs(16, 4, 1024, gpu) == 16  # threads: 2048 / 128
+    assert occupancy.resident_programs(16, 4, 100 * 1024, gpu) == 2  # shared memory
+    assert occupancy.resident_programs(255, 32, 0, gpu) == 1  # never fewer than one
 
 
-# Run with the stand-in CUDA driver (benchmarks/standin_driver.py): Triton's real launch path on CPU
-# tensors, counting the kernel binaries loaded. The interpreter must be off, so in a subprocess.
+PLAN_SCRIPT = r'''
+import json, torch, specops
+from specops.chain.token import launch
+from specops.core import occupancy
+from sass_budget import resources
+B, N, V = 40, 3, 128256
+specops.chain_speculative_sampling(torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long),
+                                   torch.rand(B, N + 1, V), seed=1)
+(compiled,) = launch.MAIN._compiled.values()
+gpu = occupancy.device(compiled.device)
+print(json.dumps(dict(
+    registers=compiled.registers, cubin_registers=resources(compiled.kernel.asm["cubin"])["REG"],
+    sms=gpu.sms, planned=occupancy.programs_per_row(compiled, B, 126, 4 * 1024, 256),
+    launched=driver.utils.grids[-2])))  # the main kernel's; the combine kernel's is last
+'''
+
+
+def test_launch_plans_come_from_the_compiled_kernel_and_the_device():
+    sms132 = run_standin(PLAN_SCRIPT)
+    sms66 = run_standin(PLAN_SCRIPT, env={"STANDIN_SMS": "66"})
+    for report in (sms132, sms66):
+        # The registers the driver reports for the loaded kernel (its cubin's), not a table.
+        assert report["registers"] == report["cubin_registers"] > 0
+        assert report["launched"][:2] == [40, report["planned"]]
+    assert (sms132["sms"], sms66["sms"]) == (132, 66)
+    # The device's SM count changes the plan: half the slots, fewer programs per request.
+    assert sms66["planned"] < sms132["planned"]
+
+
+# ------------------------------------------------------------------------------ the launcher
+
 NO_NEW_KERNELS = r'''
 import json, sys
-import standin_driver
-driver = standin_driver.install()
-import torch
+import torch, triton
 import specops
 
 VOCAB, NUM_DRAFT = 2048, 3
 first, path, verification = sys.argv[1:4]
-if path == "binder":  # Triton's own launch path (where the direct one is unavailable)
-    from specops.core import triton_launch
-    triton_launch.direct_launch_supported = lambda: False
 
 
 def calls(has_draft):
@@ -103,12 +133,21 @@ def calls(has_draft):
 if first == "warmup":
     specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
                    verification=verification)
-else:  # one call
+else:  # one call of each kind
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
         specops.chain_speculative_sampling(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64),
                                            target, seed=5, verification=verification)
+if path == "hooked":  # launch hooks set: every launch takes kernel[grid]
+    seen = []
+    hook = lambda metadata: seen.append(1)
+    if not hasattr(triton, "knobs"):  # releases before 3.4 keep the hook on CompiledKernel
+        triton.compiler.CompiledKernel.launch_enter_hook = hook
+    elif hasattr(triton.knobs.runtime.launch_enter_hook, "add"):  # a chain of hooks
+        triton.knobs.runtime.launch_enter_hook.add(hook)
+    else:
+        triton.knobs.runtime.launch_enter_hook = hook
 loaded, launches = driver.utils.modules_loaded, driver.utils.launches
 for has_draft in (True, False):
     calls(has_draft)
@@ -125,26 +164,108 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
 
 
 @pytest.mark.parametrize("first,path,verification", [
-    ("warmup", "direct", "token"), ("warmup", "binder", "token"), ("one call", "direct", "token"),
-    ("one call", "binder", "token"), ("warmup", "binder", "block"), ("one call", "binder", "block"),
+    ("warmup", "direct", "token"), ("one call", "direct", "token"),
+    ("warmup", "hooked", "token"), ("warmup", "direct", "block"), ("one call", "hooked", "block"),
 ])
 def test_nothing_compiles_after_warm_up(first, path, verification):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "benchmarks"),
-                                         env.get("PYTHONPATH", "")])
-    env["SPECOPS_BACKEND"] = "triton"  # CPU tensors to the Triton launcher (stand-in driver)
-    proc = subprocess.run([sys.executable, "-c", NO_NEW_KERNELS, first, path, verification], capture_output=True,
-                          text=True, env=env, cwd=root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_standin(NO_NEW_KERNELS, first, path, verification)
     # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
     # pass and the scan kernel, each with and without draft_probs.
     assert result["loaded"] == (3 if verification == "token" else 4), result
     assert result["loaded_after"] == 0 and result["launches_after"] > 80, result
     assert result["loaded_unaligned"] >= 1, result
+
+
+# Each variant differs from the one before it in one thing Triton specialises on.
+KEY_SCRIPT = r'''
+import json, torch, specops
+from specops.chain.token import launch as token
+from specops.chain.block import launch as block
+
+N, V = 3, 2048
+launched = []
+for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN):
+    real = kernel.launch
+    def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
+        launched.append((kernel, compiled, args, constexprs))
+        real(grid, compiled, args, constexprs, direct)
+    kernel.launch = record
+
+
+def variant(dtype=torch.float32, ids=torch.int64, acc=torch.int32, emit=torch.int32, draft=True,
+            n=N, vocab=V, shift_target=False, shift_draft=False, verification="token"):
+    target = torch.rand(2, n + 1, vocab + 1, dtype=dtype)
+    target = target[:, :, 1:] if shift_target else target[:, :, :vocab]
+    q = torch.rand(2, n, vocab + 1, dtype=dtype)
+    q = (q[:, :, 1:] if shift_draft else q[:, :, :vocab]) if draft else None
+    specops.chain_speculative_sampling(
+        q, torch.zeros(2, n, dtype=ids), target, torch.zeros(2, dtype=acc),
+        torch.zeros(2, dtype=emit), seed=1, verification=verification)
+
+
+for verification in ("token", "block"):
+    for changes in ({}, dict(dtype=torch.float16), dict(dtype=torch.bfloat16),
+                    dict(ids=torch.int32), dict(acc=torch.int64), dict(emit=torch.int64),
+                    dict(draft=False), dict(n=7), dict(vocab=V - 1), dict(shift_target=True),
+                    dict(shift_draft=True)):
+        variant(verification=verification, **changes)
+# The kernel every launch used against the one Triton's own binder picks for its arguments.
+same = [compiled.kernel.hash == kernel.fn.warmup(*args, *constexprs, grid=(1,),
+                                                 **kernel.options).hash
+        for kernel, compiled, args, constexprs in launched]
+print(json.dumps(dict(launches=len(launched), same=same)))
+'''
+
+
+def test_every_launch_uses_the_kernel_tritons_binder_picks():
+    """The launchers' cache keys name every argument property Triton specialises on: a field
+    dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
+    result = run_standin(KEY_SCRIPT)
+    assert result["launches"] >= 2 * 11 + 10, result
+    assert all(result["same"]), result
+
+
+OBSERVED_SCRIPT = r'''
+import json, torch, triton, specops
+from specops.chain.token import launch
+
+B, N, V = 4, 3, 4096
+args = (torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long), torch.rand(B, N + 1, V))
+specops.chain_speculative_sampling(*args, seed=1)  # warm: later calls launch compiled kernels
+report = {}
+
+seen = []
+launch.MAIN.fn.add_pre_run_hook(lambda *a, **k: seen.append(1))
+specops.chain_speculative_sampling(*args, seed=2)
+report["pre_run_hook_calls"] = len(seen)
+launch.MAIN.fn.pre_run_hooks.clear()
+
+loaded = driver.utils.modules_loaded
+if hasattr(triton, "knobs"):
+    triton.knobs.runtime.debug = True
+    specops.chain_speculative_sampling(*args, seed=3)
+    triton.knobs.runtime.debug = False
+    report["debug_loaded"] = driver.utils.modules_loaded - loaded
+print(json.dumps(report))
+'''
+
+
+def test_per_call_hooks_and_knobs_take_kernel_grid():
+    # Set after warm-up, a pre-run hook sees the launch, and TRITON_DEBUG's knob compiles (and
+    # launches) debug kernels, as kernel[grid] does; launch hooks: test_nothing_compiles_after_
+    # warm_up's "hooked" runs.
+    report = run_standin(OBSERVED_SCRIPT)
+    assert report["pre_run_hook_calls"] == 1, report
+    if "debug_loaded" in report:
+        assert report["debug_loaded"] >= 1, report
+
+
+def test_host_overhead_benchmark_runs():
+    proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--rounds", "1",
+                           "--calls", "2"], capture_output=True, text=True, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for entry in ("bare launch (unit)", "public, seed tensor", "public, seed int",
+                  "public, seed None", "registered op", "modules loaded after warm-up: 0"):
+        assert entry in proc.stdout, proc.stdout

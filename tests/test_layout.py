@@ -1,10 +1,12 @@
 """The package's layering, read from the imports in specops/ (docs/contributing.md, "Layout").
 
-* specops/core/ is shared machinery: it imports no sampler package and not the demo;
-* a sampler package (specops/chain/, specops/block/, ...) never imports the demo, nor another
-  sampler, but for one import: the chain's public function runs block verification
-  (``verification="block"``), so specops.chain.api imports specops.block.op;
-* no two modules import each other, directly or through others.
+* specops/core/ is shared machinery: it imports nothing of specops outside core/;
+* a sampler is a package with a plain reference (``reference.py``), a registered op (``op.py``),
+  a kernel and its launcher; samplers that share rules live in a family package (specops/chain/:
+  token/ and block/ verification), whose own modules import core/ only;
+* a sampler imports core/, its family's shared modules and itself, never another sampler;
+* the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
+  package imports the demo, and no two modules import each other, directly or through others.
 """
 
 from __future__ import annotations
@@ -41,42 +43,62 @@ def imported_modules(path: Path) -> set[str]:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-IMPORTS = {name: {m for m in imported_modules(path) if m in MODULES} for name, path in MODULES.items()}
-SAMPLERS = sorted({name.split(".")[1] for name, path in MODULES.items()
-                   if path.parent != PACKAGE and name.split(".")[1] != "core"})
+IMPORTS = {name: {m for m in imported_modules(path) if m in MODULES}
+           for name, path in MODULES.items()}
+# A sampler: a package with its own plain reference.
+SAMPLERS = sorted(name.rpartition(".")[0] for name in MODULES if name.endswith(".reference"))
+PUBLIC = {"specops", "specops.api", "specops.warmup", "specops.demo"}
+
+
+def sampler_of(module: str) -> str | None:
+    return next((s for s in SAMPLERS if module == s or module.startswith(s + ".")), None)
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def test_imports_are_read():
-    assert "chain" in SAMPLERS and "core" not in SAMPLERS
-    assert "specops.core.race" in IMPORTS["specops.chain.reference"]
-    assert "specops.chain.api" in IMPORTS["specops"]
+    assert "specops.chain.token" in SAMPLERS and "specops.chain.block" in SAMPLERS
+    assert "specops.core.race" in IMPORTS["specops.chain.token.reference"]
+    assert "specops.api" in IMPORTS["specops"]
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("specops.core")])
-def test_core_imports_no_sampler_and_not_the_demo(name):
-    # The top-level package counts as a sampler import: its __init__ pulls every sampler in.
-    forbidden = [f"specops.{s}" for s in SAMPLERS] + ["specops.demo"]
-    bad = {m for m in IMPORTS[name]
-           if m == "specops" or any(m == f or m.startswith(f + ".") for f in forbidden)}
-    assert not bad, f"{name} imports {sorted(bad)}: core/ is shared and must not depend on a sampler"
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_has_its_reference_op_kernel_and_launcher(sampler):
+    missing = [f for f in ("reference", "op", "kernel", "launch", "slots")
+               if f"{sampler}.{f}" not in MODULES]
+    assert not missing, f"{sampler} lacks {missing} (docs/contributing.md, 'Adding a sampler')"
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in SAMPLERS])
-def test_samplers_do_not_import_the_demo(name):
-    assert "specops.demo" not in IMPORTS[name], f"{name} imports specops.demo"
+@pytest.mark.parametrize("name", [n for n in MODULES if inside(n, "specops.core")])
+def test_core_imports_only_core(name):
+    bad = {m for m in IMPORTS[name] if not inside(m, "specops.core")}
+    assert not bad, f"{name} imports {sorted(bad)}: core/ is shared and depends on no sampler"
 
 
-# The one import across samplers (docs/contributing.md, "Layering").
-CROSS_SAMPLER_IMPORTS = {("specops.chain.api", "specops.block"), ("specops.chain.api", "specops.block.op")}
+def allowed(importer: str, imported: str) -> bool:
+    if inside(imported, "specops.core"):
+        return True
+    if imported in PUBLIC:
+        return False
+    own, target = sampler_of(importer), sampler_of(imported)
+    if target is not None:
+        return target == own
+    # A shared module: of the importer's family (the package above its sampler, or its own).
+    return inside(imported, (own or importer).rpartition(".")[0])
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if n.split(".")[1:2] and n.split(".")[1] in SAMPLERS])
-def test_samplers_do_not_import_each_other(name):
-    own = name.split(".")[1]
-    others = {m for m in IMPORTS[name]
-              if m.split(".")[1:2] and m.split(".")[1] in SAMPLERS and m.split(".")[1] != own}
-    bad = others - {m for n, m in CROSS_SAMPLER_IMPORTS if n == name}
-    assert not bad, f"{name} imports {sorted(bad)}: a sampler depends on core/ and itself only"
+@pytest.mark.parametrize("name", [n for n in MODULES
+                                  if n not in PUBLIC and not inside(n, "specops.core")])
+def test_samplers_import_core_their_family_and_themselves(name):
+    bad = {m for m in IMPORTS[name] if not allowed(name, m)}
+    assert not bad, (f"{name} imports {sorted(bad)}: a sampler depends on core/, its family's "
+                     "shared modules and itself only")
+
+
+def test_nothing_imports_the_demo():
+    assert not [n for n in MODULES if "specops.demo" in IMPORTS[n]]
 
 
 def test_no_import_cycles():

@@ -347,7 +347,7 @@ def test_reference_asks_no_data_questions_off_cpu(with_draft):
     """Off CPU the reference must not read data on the host (a GPU would synchronise, and CUDA-graph
     capture would fail): its CPU-only shortcuts are off there. On the meta device any such read
     raises, so running it there end to end shows there is none."""
-    from specops.chain.reference import chain_speculative_sampling_reference
+    from specops.chain.token.reference import chain_speculative_sampling_reference
 
     batch, num_draft, vocab = 4, 3, 3000
     meta = dict(device="meta")

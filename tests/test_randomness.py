@@ -137,7 +137,7 @@ def test_slot_layout_per_request_seeds():
 
 
 def test_slot_helpers():
-    from specops.chain import slots
+    from specops.chain.token import slots
     from specops.core import race
 
     assert race.CHUNK_SIZE == specops.CHUNK_SIZE == 1024

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import specops
-import specops.chain.reference
+import specops.chain.token.reference
 from specops.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4
@@ -265,7 +265,7 @@ def test_large_vocab_one_hot_drafts():
 
 def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
     num_draft = 3
-    real = specops.chain.reference.request_uniforms
+    real = specops.chain.token.reference.request_uniforms
 
     def biased_uniforms(seed, offset, batch_size, num_slots):
         u = real(seed, offset, batch_size, num_slots).clone()
@@ -273,7 +273,7 @@ def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
         return u
 
     # The reference looks the function up at call time, so patching its module global works.
-    monkeypatch.setattr(specops.chain.reference, "request_uniforms", biased_uniforms)
+    monkeypatch.setattr(specops.chain.token.reference, "request_uniforms", biased_uniforms)
     biased = lossless_pvalues(seed=0, num_draft=num_draft)
     monkeypatch.undo()
     honest = lossless_pvalues(seed=0, num_draft=num_draft)

@@ -13,8 +13,8 @@ import torch
 from inputs import DEVICE, make_inputs, seeds  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
 
 import specops
-from specops.chain.launch import chain_speculative_sampling_triton
-from specops.chain.reference import chain_speculative_sampling_reference
+from specops.chain.token.launch import chain_speculative_sampling_triton
+from specops.chain.token.reference import chain_speculative_sampling_reference
 from specops.stats import chi2_pvalue
 
 
@@ -154,7 +154,7 @@ def test_op_routes_through_triton(monkeypatch):
 
 def test_op_triton_backend_is_called(monkeypatch):
     # Guard against the op silently taking the reference path.
-    import specops.chain.launch as module
+    import specops.chain.token.launch as module
 
     calls = []
     original = module.chain_speculative_sampling_triton

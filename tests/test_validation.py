@@ -11,7 +11,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
-from specops.core.checks import check_arguments
+from specops.chain.arguments import check_arguments
 
 OP = torch.ops.specops.chain_speculative_sampling
 B, N, V = 3, 2, 5

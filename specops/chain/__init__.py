@@ -1,3 +1,4 @@
-"""Chain speculative sampling with token verification: public function (``api``), registered op
-(``op``), plain reference (``reference``), CPU backend (``cpu``), Triton kernel (``kernel``) and its
-launcher (``launch``)."""
+"""Verifiers of a chain of drafts: ``token/`` (token verification, FlashInfer's rule) and ``block/``
+(block verification), each with its plain reference, CPU backend, Triton kernel and launcher, and
+what they share: the arguments and their checks (``arguments``), reading the drafts (``drafts``),
+the output row and counters (``outputs``) and the registered op's schema (``verifier``)."""

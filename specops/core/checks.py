@@ -1,60 +1,39 @@
-"""Argument checks shared by the eager implementations and the fake (meta) implementation.
+"""Pieces every sampler's argument checks are built from: errors that name the argument as the
+caller passed it, the memory-overlap test for tensors an op writes, and the opt-in value checks'
+switch (``SPECOPS_VALIDATE``, docs/api.md "Environment variables").
 
-``check_arguments`` looks only at shapes, dtypes, devices, strides and storage aliasing, so it runs
-unchanged on real tensors and on fake tensors at trace time: bad input raises the same error in
-eager mode and under ``torch.compile``. It runs on every call, so the happy path is a straight run
-of cheap comparisons: messages (and shape tuples) are built only when raising. ``check_values``
-is the opt-in ``SPECOPS_VALIDATE=1`` mode (docs/api.md, "Environment variables").
+The checks look only at shapes, dtypes, devices and strides, so they run unchanged on real tensors
+and on fake tensors at trace time: bad input raises the same error in eager mode and under
+``torch.compile``.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 
 from .backends import read_environment
 
-PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int32, torch.int64)
 
-
-class ArgumentNames(NamedTuple):
-    """The names a caller gave the checked tensors, so that errors name what the caller passed."""
-
-    draft_probs: str = "draft_probs"
-    draft_token_ids: str = "draft_token_ids"
-    target_probs: str = "target_probs"
-    accepted_num: str = "accepted_num"
-    emitted_num: str = "emitted_num"
-    seed: str = "seed"
-    offset: str = "offset"
-
-
-# The registered ops' argument names (the schema's).
-OP_NAMES = ArgumentNames()
-
-
-def _shape(t: torch.Tensor) -> tuple:
+def shape(t: torch.Tensor) -> tuple:
     return tuple(t.shape)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _require_tensor(name: str, t) -> None:
+def require_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a tensor; got {type(t).__name__}")
 
 
-def _dtype_error(name: str, t: torch.Tensor, allowed: tuple) -> TypeError:
-    names = " or ".join(_dtype_name(d) for d in allowed)
-    return TypeError(f"{name} must have dtype {names}; got {_dtype_name(t.dtype)}")
+def dtype_error(name: str, t: torch.Tensor, allowed: tuple) -> TypeError:
+    names = " or ".join(dtype_name(d) for d in allowed)
+    return TypeError(f"{name} must have dtype {names}; got {dtype_name(t.dtype)}")
 
 
-def _device_error(name: str, t: torch.Tensor, device: torch.device) -> ValueError:
-    return ValueError(f"{name} must be on the same device as target_probs ({device}); got {t.device}")
+def device_error(name: str, t: torch.Tensor, device: torch.device, reference: str) -> ValueError:
+    return ValueError(f"{name} must be on the same device as {reference} ({device}); got {t.device}")
 
 
 def _progression(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -71,7 +50,7 @@ def _hits(point: int, width: int, first: int, step: int, count: int, other_width
     return max(low, 0) <= min(count - 1, (point + width - 1 - first) // step)
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether 1-D tensors ``a`` and ``b`` (of nonzero strides, or one element) share a byte."""
     if not torch._C._is_alias_of(a, b):  # different storages: cheap, and the usual answer
         return False
@@ -89,213 +68,28 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return any(_hits(a0 + i * sa, wa, b0, sb, nb, wb) for i in range(na))
 
 
-def _check_counter(name: str, counter, batch, device) -> None:
-    _require_tensor(name, counter)
-    if counter.dim() != 1 or counter.shape[0] != batch:
-        raise ValueError(f"{name} must have shape (batch_size,) = ({batch},); got {_shape(counter)}")
-    if counter.dtype not in INDEX_DTYPES:
-        raise _dtype_error(name, counter, INDEX_DTYPES)
-    if counter.device != device:
-        raise _device_error(name, counter, device)
-    if counter.stride(0) == 0 and batch > 1:
-        raise ValueError(
-            f"{name} must have one element per request; got a tensor whose {batch} elements share "
-            "one memory location (stride 0, e.g. from expand): pass a tensor of its own, such as "
-            "torch.zeros(batch_size, dtype=torch.int32)"
-        )
-
-
-def _check_seed_like(name: str, t, batch, device) -> None:
-    _require_tensor(name, t)
-    if t.dim() != 1 or (t.shape[0] != 1 and t.shape[0] != batch):
-        raise ValueError(
-            f"{name} must be a 1-D tensor of 1 or batch_size ({batch}) elements; "
-            f"got shape {_shape(t)}"
-        )
-    if t.dtype != torch.int64:
-        raise _dtype_error(name, t, (torch.int64,))
-    if t.device != device:
-        raise _device_error(name, t, device)
-
-
-def check_arguments(
-    *,
-    draft_probs: torch.Tensor | None,
-    draft_token_ids: torch.Tensor,
-    target_probs: torch.Tensor,
-    accepted_num: torch.Tensor,
-    emitted_num: torch.Tensor,
-    seed: torch.Tensor,
-    offset: torch.Tensor,
-    names: ArgumentNames = OP_NAMES,
-) -> None:
-    """Raise ValueError (shapes, devices, stride 0) or TypeError (types, dtypes) naming the
-    offending argument as the caller called it (``names``).
-
-    One pass of cheap comparisons decides that all is well; only when it fails does the slow path
-    look for the first problem and build its message (same checks, in order).
-    """
-    try:
-        shape = target_probs.shape
-        device = target_probs.device
-        batch = shape[0]
-        counters_ok = ((accepted_num.is_contiguous() or accepted_num.stride(0) != 0)
-                       and (emitted_num.is_contiguous() or emitted_num.stride(0) != 0))
-        ok = (len(shape) == 3 and shape[1] >= 2 and shape[2] >= 1
-              and target_probs.dtype in PROB_DTYPES
-              and draft_token_ids.shape == (batch, shape[1] - 1)
-              and draft_token_ids.dtype in INDEX_DTYPES and draft_token_ids.device == device
-              and (draft_probs is None
-                   or (draft_probs.shape == (batch, shape[1] - 1, shape[2])
-                       and draft_probs.dtype == target_probs.dtype
-                       and draft_probs.device == device))
-              and accepted_num.shape == (batch,) and accepted_num.dtype in INDEX_DTYPES
-              and accepted_num.device == device
-              and emitted_num.shape == (batch,) and emitted_num.dtype in INDEX_DTYPES
-              and emitted_num.device == device
-              and counters_ok
-              and seed.dim() == 1 and (seed.shape[0] == 1 or seed.shape[0] == batch)
-              and seed.dtype == torch.int64 and seed.device == device
-              and offset.dim() == 1 and (offset.shape[0] == 1 or offset.shape[0] == batch)
-              and offset.dtype == torch.int64 and offset.device == device)
-    except (AttributeError, TypeError, IndexError):  # not tensors: the slow path names them
-        ok = False
-    if not ok:
-        _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num,
-                             emitted_num, seed, offset, names)
-
-
-def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                         seed, offset, names: ArgumentNames) -> None:
-    """The slow path of check_arguments: find the first problem and raise its error."""
-    _require_tensor(names.target_probs, target_probs)
-    if target_probs.dim() != 3:
-        raise ValueError(
-            f"{names.target_probs} must have shape (batch_size, num_speculate_tokens + 1, "
-            f"vocab_size); got {target_probs.dim()}-D shape {_shape(target_probs)}"
-        )
-    if target_probs.dtype not in PROB_DTYPES:
-        raise _dtype_error(names.target_probs, target_probs, PROB_DTYPES)
-    batch, n_plus_one, vocab = target_probs.shape
-    device = target_probs.device
-    if n_plus_one < 2:
-        raise ValueError(
-            f"{names.target_probs} must have num_speculate_tokens + 1 >= 2 positions; "
-            f"got shape {_shape(target_probs)}"
-        )
-    if vocab < 1:
-        raise ValueError(
-            f"{names.target_probs} must have vocab_size >= 1; got shape {_shape(target_probs)}")
-    num_draft = n_plus_one - 1
-
-    _require_tensor(names.draft_token_ids, draft_token_ids)
-    if draft_token_ids.dim() != 2 or draft_token_ids.shape[0] != batch \
-            or draft_token_ids.shape[1] != num_draft:
-        raise _ids_shape_error(names, draft_token_ids, target_probs)
-    if draft_token_ids.dtype not in INDEX_DTYPES:
-        raise _dtype_error(names.draft_token_ids, draft_token_ids, INDEX_DTYPES)
-    if draft_token_ids.device != device:
-        raise _device_error(names.draft_token_ids, draft_token_ids, device)
-
-    if draft_probs is not None:
-        _require_tensor(names.draft_probs, draft_probs)
-        if draft_probs.dim() != 3 or draft_probs.shape[0] != batch \
-                or draft_probs.shape[1] != num_draft or draft_probs.shape[2] != vocab:
-            raise ValueError(
-                f"{names.draft_probs} must have shape (batch_size, num_speculate_tokens, "
-                f"vocab_size) = {(batch, num_draft, vocab)} to match {names.target_probs} "
-                f"{_shape(target_probs)}; got {_shape(draft_probs)}"
-            )
-        if draft_probs.dtype != target_probs.dtype:
-            raise TypeError(
-                f"{names.draft_probs} must have the dtype of {names.target_probs} "
-                f"({_dtype_name(target_probs.dtype)}); got {_dtype_name(draft_probs.dtype)}"
-            )
-        if draft_probs.device != device:
-            raise _device_error(names.draft_probs, draft_probs, device)
-
-    _check_counter(names.accepted_num, accepted_num, batch, device)
-    _check_counter(names.emitted_num, emitted_num, batch, device)
-    _check_seed_like(names.seed, seed, batch, device)
-    _check_seed_like(names.offset, offset, batch, device)
-
-
-def check_counters_apart(
-    *,
-    accepted_num: torch.Tensor,
-    emitted_num: torch.Tensor,
-    names: ArgumentNames = OP_NAMES,
-) -> None:
-    """Raise ValueError when the two counters share memory: the kernels add to both in place, so
-    a request's sums would depend on the order the hardware runs them in (the interpreter would
-    silently add every request into one slot). Call it after ``check_arguments``, which refuses a
-    counter with stride 0.
-
-    Separate from ``check_arguments`` because Dynamo cannot trace the storage comparison: the
-    fake implementation runs it at trace time, on fake tensors that keep the inputs' aliasing.
-    """
-    if torch._C._is_alias_of(accepted_num, emitted_num) and _overlaps(accepted_num, emitted_num):
-        raise ValueError(
-            f"{names.accepted_num} and {names.emitted_num} must not share memory: the op adds to "
-            "both in place; pass two separate tensors"
-        )
-
-
-def _ids_shape_error(names: ArgumentNames, ids: torch.Tensor, target: torch.Tensor) -> ValueError:
-    """Say which argument's shape implies what, blaming neither when both are well-formed."""
-    batch, n_plus_one, _ = target.shape
-    expected = (batch, n_plus_one - 1)
-    if ids.dim() == 2 and ids.shape[0] == batch:
-        # Both well-formed, numbers of positions disagree: either may be the wrong one.
-        return ValueError(
-            f"{names.draft_token_ids} and {names.target_probs} disagree on the number of draft "
-            f"tokens: {names.draft_token_ids} of shape {_shape(ids)} has {ids.shape[1]} per "
-            f"request, so {names.target_probs} needs {ids.shape[1]} + 1 = {ids.shape[1] + 1} "
-            f"positions, shape ({batch}, {ids.shape[1] + 1}, vocab_size); {names.target_probs} of "
-            f"shape {_shape(target)} has {n_plus_one} positions, which implies "
-            f"{names.draft_token_ids} of shape (batch_size, num_speculate_tokens) = {expected}"
-        )
-    return ValueError(
-        f"{names.draft_token_ids} must have shape (batch_size, num_speculate_tokens) = {expected} "
-        f"to match {names.target_probs} {_shape(target)}; got {_shape(ids)}"
-    )
+# SPECOPS_VALIDATE's spellings; anything else is refused, so that a typo never silently decides.
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
 
 
 def validation_enabled() -> bool:
-    return read_environment("SPECOPS_VALIDATE") not in (None, "", "0")
+    """Whether SPECOPS_VALIDATE asks for the value checks (read at every call)."""
+    value = read_environment("SPECOPS_VALIDATE")
+    if value is None:
+        return False
+    value = value.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(
+        f"SPECOPS_VALIDATE must be one of 1, true, yes, on (validate) or 0, false, no, off, empty "
+        f"(do not); got {value!r}")
 
 
-def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...] | None:
+def first_bad_index(bad: torch.Tensor) -> tuple[int, ...] | None:
     """Index of the first True element of ``bad``, or None when there is none."""
     if not bool(bad.any()):
         return None
     return tuple(int(i) for i in bad.nonzero()[0])
-
-
-def check_values(
-    draft_probs: torch.Tensor | None,
-    draft_token_ids: torch.Tensor,
-    target_probs: torch.Tensor,
-    names: ArgumentNames = OP_NAMES,
-) -> None:
-    """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
-
-    Ids must be -1 (padding) or in [0, vocab_size); probabilities must be finite and >= 0.
-    """
-    vocab = target_probs.shape[-1]
-    where = _first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
-    if where is not None:
-        value = int(draft_token_ids[where])
-        raise ValueError(
-            f"{names.draft_token_ids} must be -1 (padding) or in [0, {vocab}); "
-            f"got {value} at index {where} (SPECOPS_VALIDATE=1)"
-        )
-    for name, probs in ((names.target_probs, target_probs), (names.draft_probs, draft_probs)):
-        if probs is None:
-            continue
-        where = _first_bad_index(~torch.isfinite(probs) | (probs < 0))
-        if where is not None:
-            raise ValueError(
-                f"{name} must be finite and >= 0; got {float(probs[where])} at index {where} "
-                "(SPECOPS_VALIDATE=1)"
-            )

@@ -1,39 +1,32 @@
-"""A model of how a launch of a row-pass kernel fills an H200, and the programs per row it picks.
+"""A model of how a launch of a row-pass kernel fills a GPU, and the programs per row it picks.
 
 A row pass streams rows of the vocabulary in 1024-value chunks, each row split over P programs.
 A program reads ``chunks_per_program`` chunks, then about one more chunk's worth of fixed work
-(re-reading the winning chunk for the inverse CDF, the race keys).  ``resident`` programs fit on
-each SM at once (registers, warps), so ``SMS * resident`` slots run the ``rows * P`` programs in
-``waves``.  The model assumes the memory system is saturated when every slot is busy and each busy
-slot gets an equal share of it:
+(re-reading the winning chunk for the inverse CDF, the race keys). ``resident`` programs fit on
+each SM at once, from the compiled kernel's registers, shared memory and warps and the device's
+limits, so ``SMs * resident`` slots run the ``rows * P`` programs in ``waves``. The model assumes
+the memory system is saturated when every slot is busy and each busy slot gets an equal share:
 
     busy fraction  = (work of all programs) / (waves * slots * duration of the longest program)
     predicted time = LATENCY + (bytes of all programs) / BANDWIDTH / busy fraction
 
-``best_plan`` picks the P (tokens do not depend on it) with the least predicted time.  Each
-sampler describes its row-pass kernel as a ``RowPass``: its registers per thread (from its compiled
-variants) and its most programs per row; docs/kernel.md tabulates the result, tests/test_launch.py
-checks it.
+``best_plan`` picks the P (tokens do not depend on it) with the least predicted time. The choice
+does not depend on LATENCY or BANDWIDTH, which only set the predicted time; docs/kernel.md
+explains the model and tests/test_launch.py checks that it has no cliffs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
-from .race import CHUNK_SIZE, num_chunks
-
-# H200 (sm_90): 132 SMs, each 65536 32-bit registers, at most 64 warps, 2048 threads, 32 programs.
-SMS = 132
-REGISTERS_PER_SM = 65536
-MAX_WARPS_PER_SM = 64
-MAX_THREADS_PER_SM = 2048
-MAX_PROGRAMS_PER_SM = 32
-REGISTER_ALLOCATION_UNIT = 256  # registers are given to a warp in blocks of 256
-BANDWIDTH = 4.8e12  # bytes/s, HBM3e peak
-# Launch, the dependent gathers before the row pass and the second (combining) launch: what a step
-# costs at any size.
+# Registers are given to a warp in blocks of 256 (every NVIDIA GPU since Maxwell).
+REGISTER_ALLOCATION_UNIT = 256
+# The model's two time constants, to calibrate on a GPU: the launch and the dependent gathers
+# before the row pass (what a call costs at any size), and the bandwidth the row pass streams at.
 LATENCY = 5e-6
+BANDWIDTH = 4.8e12  # bytes/s
 # Fixed work of a program beyond its chunks, in chunk reads: the winning chunk read again (from
 # L2, just read) and the race keys of its chunks. An estimate, to be calibrated on a GPU.
 TAIL_CHUNKS = 0.5
@@ -42,32 +35,55 @@ TAIL_CHUNKS = 0.5
 FILL_CHUNKS_PER_SLOT = 10
 
 
-def resident_programs(registers: int, num_warps: int) -> int:
-    """Programs of ``num_warps`` warps that fit on one SM at ``registers`` registers per thread."""
-    per_warp = math.ceil(registers * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
-    return min(REGISTERS_PER_SM // (per_warp * num_warps), MAX_WARPS_PER_SM // num_warps,
-               MAX_THREADS_PER_SM // (num_warps * 32), MAX_PROGRAMS_PER_SM)
+class Device(NamedTuple):
+    """What the model needs of a GPU."""
+
+    sms: int
+    registers_per_sm: int
+    shared_per_sm: int  # bytes
+    threads_per_sm: int | None  # None where the driver does not say
 
 
-def machine_programs(registers: int, num_warps: int) -> int:
-    """Programs the whole machine holds at once (its slots)."""
-    return SMS * resident_programs(registers, num_warps)
+@functools.lru_cache(maxsize=16)
+def device(index: int) -> Device:
+    """The current Triton driver's description of GPU ``index``."""
+    import torch
+    import triton
+
+    properties = triton.runtime.driver.active.utils.get_device_properties(index)
+    threads = None
+    if torch.cuda.is_available():
+        threads = getattr(torch.cuda.get_device_properties(index),
+                          "max_threads_per_multi_processor", None)
+    return Device(properties["multiprocessor_count"], properties["max_num_regs"],
+                  properties["max_shared_mem"], threads)
+
+
+def resident_programs(registers: int, num_warps: int, shared: int, gpu: Device) -> int:
+    """Programs of ``num_warps`` warps, ``registers`` registers per thread and ``shared`` bytes
+    of shared memory that fit on one SM at once (at least 1)."""
+    per_warp = math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT)
+    limits = [gpu.registers_per_sm // (per_warp * REGISTER_ALLOCATION_UNIT * num_warps)]
+    if shared:
+        limits.append(gpu.shared_per_sm // shared)
+    if gpu.threads_per_sm:
+        limits.append(gpu.threads_per_sm // (num_warps * 32))
+    return max(1, min(limits))
 
 
 class LaunchPlan(NamedTuple):
-    programs_per_request: int  # programs per row (a request's row, or a block's candidate row)
+    programs_per_row: int
     chunks_per_program: int
     waves: int
     busy: float  # predicted fraction of the machine's slots busy over the launch
     time: float  # predicted seconds
 
 
-def plan(rows: int, chunks: int, resident: int, chunk_bytes: int, programs: int) -> LaunchPlan:
+def plan(rows: int, chunks: int, slots: int, chunk_bytes: int, programs: int) -> LaunchPlan:
     """The model's prediction for ``programs`` programs per row (rounded so each program has
-    ``chunks_per_program`` chunks and none has none)."""
+    ``chunks_per_program`` chunks and none has none), on ``slots`` program slots."""
     per_program = math.ceil(chunks / programs)
     programs = math.ceil(chunks / per_program)
-    slots = SMS * resident
     waves = math.ceil(rows * programs / slots)
     work = rows * (chunks + programs * TAIL_CHUNKS)  # in chunk reads
     capacity = waves * slots * (per_program + TAIL_CHUNKS)
@@ -75,38 +91,34 @@ def plan(rows: int, chunks: int, resident: int, chunk_bytes: int, programs: int)
     return LaunchPlan(programs, per_program, waves, work / capacity, time)
 
 
-def best_plan(rows: int, chunks: int, resident: int, chunk_bytes: int,
+@functools.lru_cache(maxsize=4096)
+def best_plan(rows: int, chunks: int, slots: int, chunk_bytes: int,
               max_programs: int) -> LaunchPlan:
     """The plan of least predicted time over every distinct P up to ``max_programs``; of equal
     times, the busiest (the wave model is coarse: a fuller machine is the safer bet), then the one
     with fewer programs."""
+    rows = max(rows, 1)
     candidates = {math.ceil(chunks / per) for per in range(1, chunks + 1)}
-    plans = [plan(rows, chunks, resident, chunk_bytes, p) for p in sorted(candidates)
+    plans = [plan(rows, chunks, slots, chunk_bytes, p) for p in sorted(candidates)
              if p <= max_programs]
-    return min(plans, key=lambda p: (p.time, -p.busy, p.programs_per_request))
+    return min(plans, key=lambda p: (p.time, -p.busy, p.programs_per_row))
 
 
-class RowPass(NamedTuple):
-    """A sampler's row-pass kernel as the model sees it."""
+def programs_per_row(compiled, rows: int, chunks: int, chunk_bytes: int,
+                     max_programs: int) -> int:
+    """Programs per row for a launch of ``compiled`` (a ``launcher.Compiled``) over ``rows`` rows
+    of ``chunks`` chunks on its device; 1 where there is no compiled kernel (the interpreter,
+    which runs every program in turn)."""
+    if compiled is None:
+        return 1
+    return _programs_per_row(compiled.registers, compiled.num_warps, compiled.shared,
+                             compiled.device, rows, chunks, chunk_bytes, max_programs)
 
-    # Registers per thread of its compiled variants, by (probability dtype, draft_probs given,
-    # V % 16 == 0: 16-byte row loads, else scalar loads).
-    registers: dict
-    num_warps: int
-    max_programs: int  # most programs per row
 
-    def resident(self, dtype, has_draft: bool, vocab: int) -> int:
-        """Programs of the kernel one SM holds at once."""
-        return resident_programs(self.registers[(dtype, has_draft, vocab % 16 == 0)],
-                                 self.num_warps)
-
-    def programs_held(self, dtype, has_draft: bool, vocab: int) -> int:
-        """Programs of the kernel the whole machine holds at once."""
-        return machine_programs(self.registers[(dtype, has_draft, vocab % 16 == 0)],
-                                self.num_warps)
-
-    def plan(self, rows: int, vocab: int, dtype, has_draft: bool) -> LaunchPlan:
-        """The plan for ``rows`` rows of ``vocab`` values. A chunk's bytes are p's alone: reading q
-        too scales every plan alike."""
-        return best_plan(max(rows, 1), num_chunks(vocab), self.resident(dtype, has_draft, vocab),
-                         CHUNK_SIZE * dtype.itemsize, self.max_programs)
+@functools.lru_cache(maxsize=4096)
+def _programs_per_row(registers, num_warps, shared, device_index, rows, chunks, chunk_bytes,
+                      max_programs) -> int:
+    gpu = device(device_index)
+    resident = resident_programs(registers, num_warps, shared, gpu)
+    return best_plan(rows, chunks, gpu.sms * resident, chunk_bytes,
+                     max_programs).programs_per_row

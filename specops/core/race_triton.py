@@ -123,20 +123,35 @@ def race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, 
     return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 
+# The race fields of a row pass's partial result (the first fields of every sampler's partials
+# row, float64): the residual-race key, the p-race key (+inf where the program's chunks have no
+# mass), and the token of the race the program used (the residual race where it has mass there).
+RACE_FIELDS = tl.constexpr(3)
+
+
 @triton.jit
-def winning_token(keys_ptr, tokens_ptr, row, programs, BLOCK: tl.constexpr):
-    """The token of row ``row`` over the local results of its ``programs`` programs (float64 keys
-    at keys_ptr[2 (row * programs + s)] (residual race) and + 1 (p race), int32 tokens at
-    tokens_ptr[row * programs + s]): the residual race's winner when it has mass in any program,
-    else the p race's (lowest key; ties: lowest program, which holds the lower chunks); -1 when
-    neither has mass."""
+def store_race_partial(partial_ptr, res_key, p_key, token):
+    """Write a program's race fields at ``partial_ptr`` (float64)."""
+    tl.store(partial_ptr, res_key)
+    tl.store(partial_ptr + 1, p_key)
+    tl.store(partial_ptr + 2, token.to(tl.float64))
+
+
+@triton.jit
+def winning_token(partials_ptr, row, programs, FIELDS: tl.constexpr, BLOCK: tl.constexpr):
+    """The token of row ``row`` over the partial results of its ``programs`` programs (float64
+    rows of FIELDS fields at partials_ptr[(row * programs + s) * FIELDS], race fields first): the
+    residual race's winner when it has mass in any program, else the p race's (lowest key; ties:
+    lowest program, which holds the lower chunks); -1 when neither has mass."""
     s = tl.arange(0, BLOCK)
     in_range = s < programs
-    slot = row * programs + s
-    res_keys = tl.load(keys_ptr + slot * 2, mask=in_range, other=float("inf"))
-    p_keys = tl.load(keys_ptr + slot * 2 + 1, mask=in_range, other=float("inf"))
+    partial = partials_ptr + (row * programs + s) * FIELDS
+    res_keys = tl.load(partial, mask=in_range, other=float("inf"))
+    p_keys = tl.load(partial + 1, mask=in_range, other=float("inf"))
     use_res = tl.min(res_keys, axis=0) < float("inf")
     keys = tl.where(use_res, res_keys, p_keys)
     best = tl.min(keys, axis=0)
     winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK), axis=0)
-    return tl.load(tokens_ptr + row * programs + winner, mask=best < float("inf"), other=-1)
+    token = tl.load(partials_ptr + (row * programs + winner) * FIELDS + 2, mask=best < float("inf"),
+                    other=-1.0)
+    return token.to(tl.int32)

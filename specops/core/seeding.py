@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Union
 
 import torch
@@ -60,8 +61,13 @@ def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.de
                 "as an int64 tensor"
             )
         return value.to(device=device, dtype=torch.int64).reshape(-1)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int or an int64 tensor; got {type(value).__name__}")
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or an int64 tensor; got bool")
+    try:
+        value = operator.index(value)  # any integer: int, numpy.int64, ...
+    except TypeError:
+        raise TypeError(f"{name} must be an int or an int64 tensor; got {type(value).__name__}") \
+            from None
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"{name} must fit in 64 bits; got {value}")
     if value >= 2**63:  # a uint64 seed: keep its bits
@@ -96,6 +102,9 @@ def resolve_seed_and_offset(
 
     cache: share the tensors of int values between calls (plain eager calls only: a traced call
     must build its own, so that the graph holds them as constants)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None; got "
+                        f"{type(generator).__name__}")
     if seed is None:
         seed_t, offset_t = random_seed_and_offset(generator, device)
     else:

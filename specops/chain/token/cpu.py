@@ -12,9 +12,9 @@ import functools
 
 import torch
 
-from ..core.outputs import write_outputs
-from ..core.probs import rows_at, sanitize
-from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
+from ..outputs import write_outputs
+from ...core.probs import rows_at, sanitize
+from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from . import reference, slots
 
 _FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits; every larger value is a NaN

@@ -12,10 +12,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.outputs import write_outputs
-from ..core.probs import at_draft_ids, sanitize
-from ..core.race import chunk_masses, sample_rows
-from ..core.randomness import request_uniforms
+from ..outputs import write_outputs
+from ...core.probs import sanitize
+from ..drafts import at_draft_ids
+from ...core.race import chunk_masses, sample_rows
+from ...core.randomness import request_uniforms
 from . import slots
 
 

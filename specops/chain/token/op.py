@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..core.registry import register_verifier
+from ...core.registry import Backends
+from ..verifier import register_verifier
 from .cpu import chain_speculative_sampling_cpu
 from .reference import chain_speculative_sampling_reference
 
@@ -21,7 +22,6 @@ def _triton():
 
 chain_speculative_sampling_op = register_verifier(
     "specops::chain_speculative_sampling",
-    reference=chain_speculative_sampling_reference,
-    cpu=chain_speculative_sampling_cpu,
-    triton=_triton,
+    Backends(reference=chain_speculative_sampling_reference, cpu=chain_speculative_sampling_cpu,
+             triton=_triton),
 )

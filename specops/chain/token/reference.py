@@ -11,10 +11,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.outputs import write_outputs
-from ..core.probs import at_draft_ids, rows_at, sanitize
-from ..core.race import sample_rows
-from ..core.randomness import request_uniforms
+from ..outputs import write_outputs
+from ...core.probs import rows_at, sanitize
+from ..drafts import at_draft_ids
+from ...core.race import sample_rows
+from ...core.randomness import request_uniforms
 from . import slots
 
 

@@ -6,8 +6,8 @@ Grid (B, P): program (b, s) owns request b and the vocabulary chunks
 recomputes the acceptance of its request, makes one pass over its chunks of row e that computes
 only chunk masses, resolves both exponential races (residual and p) over them, then re-reads the
 one winning chunk for the inverse CDF.  With P == 1 the program writes the token; with P > 1 each
-program writes its local result to scratch held in the output's own allocation and
-``combine_kernel`` picks the global winner (lowest key, ties to the lowest chunk).  A chunk's mass,
+program writes its local result to the partials tensor and ``combine_kernel`` picks the global
+winner (lowest key, ties to the lowest chunk).  A chunk's mass,
 key and token never depend on which program owns it, so the tokens do not depend on P.
 
 The algorithm is that of ``reference.py``, token for token.
@@ -18,9 +18,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import (chunk_values, masses_p, masses_residual, race_token, sanitize,
-                                winning_token)
+from ...core.philox import philox_uniform, split_int64
+from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_token,
+                                 sanitize, store_race_partial, winning_token)
+
+# The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
+# row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
+# the race it used), then e, where the combined token goes.
+PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS + 1)
 
 
 @triton.jit
@@ -125,7 +130,8 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
 @triton.jit(do_not_specialize=[
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
-    "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft",
+    "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
+    "num_draft",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
     "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
 def chain_speculative_sampling_kernel(
@@ -136,7 +142,8 @@ def chain_speculative_sampling_kernel(
     emitted_ptr,  # (B,) counter, added to
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
-    out_ptr,  # (B, N+1) int32 contiguous; with P > 1 the scratch follows it (launch.py)
+    out_ptr,  # (B, N+1) int32 contiguous
+    partials_ptr,  # (B, P, PARTIAL_FIELDS) float64 when P > 1 (unused when P == 1)
     num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
@@ -173,45 +180,21 @@ def chain_speculative_sampling_kernel(
         has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))
     else:
-        _write_local_result(out_ptr, tl.num_programs(0), num_draft, b, program, programs, e,
-                            res_key, p_key, token)
+        partial = partials_ptr + (b * programs + program) * PARTIAL_FIELDS
+        store_race_partial(partial, res_key, p_key, token)
+        tl.store(partial + RACE_FIELDS, e.to(tl.float64))
 
 
-@triton.jit
-def _scratch(out_ptr, batch, num_draft, programs):
-    """Where the scratch of a P > 1 launch lies, after the (B, N+1) int32 output in its
-    allocation: float64 (B, P, 2) keys (8-byte aligned), int32 (B, P) tokens, int32 (B,) e
-    (launch.scratch_int32s sizes it)."""
-    keys_at = (batch * (num_draft + 1) + 1) // 2 * 2
-    keys_ptr = (out_ptr + keys_at).to(tl.pointer_type(tl.float64), bitcast=True)
-    tokens_ptr = out_ptr + keys_at + batch * programs * 4
-    e_ptr = tokens_ptr + batch * programs
-    return keys_ptr, tokens_ptr, e_ptr
-
-
-@triton.jit
-def _write_local_result(out_ptr, batch, num_draft, b, program, programs, e, res_key, p_key,
-                        token):
-    """A P > 1 program's result for combine_kernel: both race keys, its token, and e (once)."""
-    keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
-    slot = b * programs + program
-    tl.store(keys_ptr + slot * 2, res_key)
-    tl.store(keys_ptr + slot * 2 + 1, p_key)
-    tl.store(tokens_ptr + slot, token)
-    if program == 0:
-        tl.store(e_ptr + b, e)
-
-
-@triton.jit(do_not_specialize=["out_ptr", "batch", "num_draft", "programs"])
+@triton.jit(do_not_specialize=["partials_ptr", "out_ptr", "num_draft", "programs"])
 def combine_kernel(
-    out_ptr,  # (B, N+1) int32, followed by the scratch (_scratch)
-    batch, num_draft, programs, BLOCK_P: tl.constexpr,
+    partials_ptr,  # (B, P, PARTIAL_FIELDS) float64, written by the main kernel
+    out_ptr,  # (B, N+1) int32
+    num_draft, programs, BLOCK_P: tl.constexpr,
 ):
-    """output[b, e] = the token of the global winner over the P local results (lowest key; ties:
-    lowest program, which holds the lower chunks): the residual race when it has mass anywhere,
-    else the p race, else -1."""
+    """output[b, e] = the token of the global winner over the P partial results (lowest key;
+    ties: lowest program, which holds the lower chunks): the residual race when it has mass
+    anywhere, else the p race, else -1."""
     b = tl.program_id(0).to(tl.int64)
-    keys_ptr, tokens_ptr, e_ptr = _scratch(out_ptr, batch, num_draft, programs)
-    token = winning_token(keys_ptr, tokens_ptr, b, programs, BLOCK_P)
-    e = tl.load(e_ptr + b)
+    token = winning_token(partials_ptr, b, programs, PARTIAL_FIELDS, BLOCK_P)
+    e = tl.load(partials_ptr + b * programs * PARTIAL_FIELDS + RACE_FIELDS).to(tl.int64)
     tl.store(out_ptr + b * (num_draft + 1) + e, token)

@@ -6,8 +6,8 @@ vocabulary chunks [s * chunks_per_program, (s + 1) * chunks_per_program). It rec
 d_0..d_{t-1} (t scalar gathers), then, in groups of chunks, computes only the float32 chunk masses
 of R_t (and of p_t where the fallback race may be used), resolves both exponential races (R_t and
 p_t) over each group as vectors, and re-reads the one winning chunk for the inverse CDF. It writes
-(mass, both race keys, the token of the race it used) to scratch held in the output's allocation.
-Scan, grid (B,): h_t for every t from the masses, tau, the winner of row tau over the S programs,
+both race keys, the token of the race it used and its share of the mass to the partials tensor.
+Scan, grid (B,): the weights again, h_t for every t from the partial masses, tau, the winner of row tau over the S programs,
 the output row and the counters. A chunk's mass, key and token never depend on which program owns
 it, so the tokens do not depend on S.
 
@@ -19,33 +19,47 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import (chunk_values, masses_p, masses_residual, race_key, race_token,
-                                sanitize, winning_token)
+from ...core.philox import philox_uniform, split_int64
+from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_key,
+                                 race_token, sanitize, store_race_partial, winning_token)
+
+# The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
+# [b (N + 1) + t, s]: the race fields of core/race_triton.py (R_t-race key, p_t-race key, the
+# token of the race it used), then its chunks' share of the mass of R_t.
+PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS + 1)
+
+
+@triton.jit
+def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab, stride_tb, stride_tn,
+                 stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+    """(w_{i+1}, whether d_0..d_i are all valid) from (w_i, whether d_0..d_{i-1} are):
+    w_{i+1} = min(1, w_i p_i[d_i] / q_i[d_i]) in float64, 0 once the draft has ended."""
+    d = tl.load(ids_ptr + b * stride_ib + i * stride_in).to(tl.int64)
+    valid = (d >= 0) & (d < vocab)
+    running = running & valid
+    d_safe = tl.where(valid, d, 0)
+    p = sanitize(tl.load(target_ptr + b * stride_tb + i * stride_tn + d_safe, mask=valid,
+                         other=0.0)).to(tl.float64)
+    if HAS_DRAFT:
+        q = sanitize(tl.load(draft_ptr + b * stride_db + i * stride_dn + d_safe, mask=valid,
+                             other=0.0)).to(tl.float64)
+    else:
+        q = tl.full([], 1.0, tl.float64)
+    num = w * p
+    w_next = tl.where(num < q, num / tl.where(q > 0, q, 1.0), tl.where(num > 0, 1.0, 0.0))
+    return tl.where(running, w_next, 0.0), running
 
 
 @triton.jit
 def _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn, stride_db,
             stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
-    """w_t = min(1, w_{t-1} p[d] / q[d]) in float64 over d_0..d_{t-1} (0 past the draft's end),
-    and whether d_0..d_{t-1} are all valid."""
+    """w_t over d_0..d_{t-1} (0 past the draft's end), and whether d_0..d_{t-1} are all valid."""
     w = tl.full([], 1.0, tl.float64)
     running = t >= 0
     for i in range(0, t):
-        d = tl.load(ids_ptr + b * stride_ib + i * stride_in).to(tl.int64)
-        valid = (d >= 0) & (d < vocab)
-        running = running & valid
-        d_safe = tl.where(valid, d, 0)
-        p = sanitize(tl.load(target_ptr + b * stride_tb + i * stride_tn + d_safe, mask=valid,
-                             other=0.0)).to(tl.float64)
-        if HAS_DRAFT:
-            q = sanitize(tl.load(draft_ptr + b * stride_db + i * stride_dn + d_safe, mask=valid,
-                                 other=0.0)).to(tl.float64)
-        else:
-            q = tl.full([], 1.0, tl.float64)
-        num = w * p
-        w_next = tl.where(num < q, num / tl.where(q > 0, q, 1.0), tl.where(num > 0, 1.0, 0.0))
-        w = tl.where(running, w_next, 0.0)
+        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab,
+                                  stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+                                  stride_in, HAS_DRAFT)
     return w, running
 
 
@@ -126,23 +140,10 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
     return mass, res_key, res_chunk, p_key, p_chunk
 
 
-@triton.jit
-def _scratch(out_ptr, rows, splits):
-    """Where the scratch lies, after the (B, N+1) int32 output in its allocation (rows = B (N+1),
-    S = splits; launch.scratch_int32s sizes it): float64 (rows, S, 2) race keys (8-byte aligned),
-    float64 (rows, S) masses, float64 (rows,) weights, int32 (rows, S) tokens."""
-    keys_at = (rows + 1) // 2 * 2
-    keys_ptr = (out_ptr + keys_at).to(tl.pointer_type(tl.float64), bitcast=True)
-    mass_ptr = keys_ptr + rows * splits * 2
-    weight_ptr = mass_ptr + rows * splits
-    tokens_ptr = (weight_ptr + rows).to(tl.pointer_type(tl.int32), bitcast=True)
-    return keys_ptr, mass_ptr, weight_ptr, tokens_ptr
-
-
 @triton.jit(
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
-    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "out_ptr", "num_draft",
+    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "partials_ptr", "num_draft",
                        "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
                        "offset_stride", "seed_per_request", "cdf_slot", "race_slot0"],
 )
@@ -152,7 +153,7 @@ def block_row_pass_kernel(
     ids_ptr,  # (B, N) draft token ids
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
-    out_ptr,  # (B, N+1) int32 contiguous, the scratch after it (_scratch)
+    partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64
     num_draft, vocab, chunks_per_program,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     seed_stride, offset_stride, seed_per_request,
@@ -183,17 +184,10 @@ def block_row_pass_kernel(
     u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
     token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
                        u_cdf, HAS_DRAFT, CHUNK)
-    # The local result, for the scan to combine over the S programs of the row.
-    rows = tl.num_programs(0).to(tl.int64) * (num_draft + 1)
-    keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)
-    row = b * (num_draft + 1) + t
-    slot = row * splits + split
-    tl.store(keys_ptr + slot * 2, res_key)
-    tl.store(keys_ptr + slot * 2 + 1, p_key)
-    tl.store(mass_ptr + slot, mass)
-    tl.store(tokens_ptr + slot, token)
-    if split == 0:
-        tl.store(weight_ptr + row, w)
+    # The partial result, for the scan to combine over the S programs of the row.
+    partial = partials_ptr + ((b * (num_draft + 1) + t) * splits + split) * PARTIAL_FIELDS
+    store_race_partial(partial, res_key, p_key, token)
+    tl.store(partial + RACE_FIELDS, mass)
 
 
 @triton.jit
@@ -222,17 +216,33 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stri
 
 
 @triton.jit
-def _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
+def _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
+             stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """w_t for t = 0..N as lanes: the row pass's _weight for every t, by the same steps."""
+    t = tl.arange(0, BLOCK_N)
+    weights = tl.where(t == 0, 1.0, 0.0).to(tl.float64)
+    w = tl.full([], 1.0, tl.float64)
+    running = num_draft >= 0
+    for i in range(0, num_draft):
+        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab,
+                                  stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+                                  stride_in, HAS_DRAFT)
+        weights = tl.where(t == i + 1, w, weights)
+    return weights
+
+
+@triton.jit
+def _tau(partials_ptr, w, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
          key_lo, key_hi, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
-    """h_t = m_t / (m_t + 1 - w_t) from the row pass's masses and weights, and tau = the largest
-    t >= 1 with eta_t <= h_t (0 if none)."""
+    """h_t = m_t / (m_t + 1 - w_t) from the row pass's partial masses and the weights w, and
+    tau = the largest t >= 1 with eta_t <= h_t (0 if none)."""
     t = tl.arange(0, BLOCK_N)
     is_row = t <= num_draft
     rows = b * (num_draft + 1) + t.to(tl.int64)
-    w = tl.load(weight_ptr + rows, mask=is_row, other=0.0)
     s = tl.arange(0, BLOCK_S)
-    partial = tl.load(mass_ptr + rows[:, None] * splits + s[None, :],
-                      mask=is_row[:, None] & (s[None, :] < splits), other=0.0)
+    partial = tl.load(partials_ptr + (rows[:, None] * splits + s[None, :]) * PARTIAL_FIELDS
+                      + RACE_FIELDS, mask=is_row[:, None] & (s[None, :] < splits), other=0.0)
     row_mass = tl.sum(partial, axis=1)
     m = tl.where(ended, w * row_mass, row_mass)
     denominator = m + (1.0 - w)
@@ -244,7 +254,7 @@ def _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, 
 
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
-                       "out_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
+                       "out_ptr", "partials_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
                        "stride_emit", "seed_stride", "offset_stride", "seed_per_request",
                        "stop_slot0"],
 )
@@ -256,7 +266,8 @@ def block_scan_kernel(
     emitted_ptr,  # (B,) counter, added to
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
-    out_ptr,  # (B, N+1) int32 contiguous, the row pass's scratch after it (_scratch)
+    out_ptr,  # (B, N+1) int32 contiguous
+    partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64, written by the row pass
     num_draft, vocab, splits,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
@@ -274,11 +285,12 @@ def block_scan_kernel(
         target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
         stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi, HAS_DRAFT,
         BLOCK_N)
-    rows = tl.num_programs(0).to(tl.int64) * (num_draft + 1)
-    keys_ptr, mass_ptr, weight_ptr, tokens_ptr = _scratch(out_ptr, rows, splits)
-    tau = _tau(mass_ptr, weight_ptr, b, num_draft, splits, ended, stop_slot0, stream, off_lo,
-               off_hi, key_lo, key_hi, BLOCK_N, BLOCK_S)
-    token = winning_token(keys_ptr, tokens_ptr, b * (num_draft + 1) + tau, splits, BLOCK_S)
+    w = _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
+                 stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N)
+    tau = _tau(partials_ptr, w, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
+               key_lo, key_hi, BLOCK_N, BLOCK_S)
+    token = winning_token(partials_ptr, b * (num_draft + 1) + tau, splits, PARTIAL_FIELDS,
+                          BLOCK_S)
     t = tl.arange(0, BLOCK_N)
     out = tl.where(t < tau, d.to(tl.int32), -1)
     out = tl.where(t == tau, token, out)

@@ -1,14 +1,15 @@
-"""``specops.chain_speculative_sampling``: the FlashInfer-compatible public function.
+"""The public functions, for application code; each runs a registered op (docs/api.md).
 
-It allocates the counters when none are given, turns ``seed`` / ``offset`` / ``generator`` into the
-op's int64 tensors, checks the arguments under the names the caller used, and runs the registered
-op ``torch.ops.specops.chain_speculative_sampling`` (or its block twin).
+``chain_speculative_sampling`` is FlashInfer's function of that name: it allocates the counters
+when none are given, turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors, checks
+the arguments under the names the caller used, and runs ``torch.ops.specops.chain_speculative_
+sampling`` (or its block twin).
 
-A plain eager call (real tensors, nothing tracing or intercepting it) skips the dispatcher and calls
-the op's eager entry itself: the same checks and kernels, at a fraction of the host time
-(docs/performance.md, "Host time per call"). Anything that may be recording the call (Dynamo,
-FX/make_fx, fake or other tensor subclasses, dispatch and function modes, functorch transforms,
-the TorchScript tracer) gets the registered op, which is what graphs hold.
+Where ``core.registry.skips_dispatcher`` allows (a plain eager call: real tensors, nothing tracing
+or intercepting it, no user kernel registered for the device), a function calls the op's eager
+entry itself: the same checks and kernels, without custom_op's Python layers (docs/performance.md,
+"Host time per call"). Anything that may be recording the call gets the registered op, which is
+what graphs hold.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from typing import Optional
 
 import torch
 
-from ..block import op as _block_op
-from ..core.checks import ArgumentNames, check_arguments, check_counters_apart
-from ..core.registry import is_plain_eager
-from ..core.seeding import SeedLike, resolve_seed_and_offset
-from . import op as _op
+from .chain.arguments import ArgumentNames, check_arguments, check_counters_apart
+from .chain.block import op as _block_op
+from .chain.token import op as _op
+from .core.registry import skips_dispatcher
+from .core.seeding import SeedLike, resolve_seed_and_offset
 
 # The names errors give the arguments: the ones this function's caller used.
 PUBLIC_NAMES = ArgumentNames(
@@ -80,14 +81,14 @@ def chain_speculative_sampling(
     if emitted is None:
         emitted = torch.zeros(batch, dtype=torch.int32, device=device)
 
-    eager = is_plain_eager(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed,
-                           offset)
+    verifier = (_op.chain_speculative_sampling_op if verification == "token"
+                else _block_op.chain_block_speculative_sampling_op)
+    eager = skips_dispatcher(verifier.registered, device, draft_probs, draft_token_ids,
+                             target_probs, accepted, emitted, seed, offset)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
-    verifier = (_op.chain_speculative_sampling_op if verification == "token"
-                else _block_op.chain_block_speculative_sampling_op)
     # Under Dynamo the storage comparison cannot be traced; the op's fake implementation runs it.
     if eager or not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
@@ -95,6 +96,6 @@ def chain_speculative_sampling(
         output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
                               seed_t, offset_t, PUBLIC_NAMES)
         return output, accepted, emitted
-    output = verifier.op(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
-                         offset_t, deterministic)
+    output = verifier.registered.op(draft_probs, draft_token_ids, target_probs, accepted, emitted,
+                                    seed_t, offset_t, deterministic)
     return output, accepted, emitted

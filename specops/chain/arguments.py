@@ -1,0 +1,241 @@
+"""The arguments every verifier of a chain of drafts takes, checked (token and block verification
+share them): the same checks in the eager implementations and the fake one, so bad input raises the
+same error in eager mode and under ``torch.compile``.
+
+``check_arguments`` runs on every call, so the happy path is a straight run of cheap comparisons:
+messages (and shape tuples) are built only when raising. ``check_values`` is the opt-in
+``SPECOPS_VALIDATE=1`` mode (docs/api.md, "Environment variables").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index, overlaps,
+                          require_tensor, shape)
+
+PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class ArgumentNames(NamedTuple):
+    """The names a caller gave the checked tensors, so that errors name what the caller passed."""
+
+    draft_probs: str = "draft_probs"
+    draft_token_ids: str = "draft_token_ids"
+    target_probs: str = "target_probs"
+    accepted_num: str = "accepted_num"
+    emitted_num: str = "emitted_num"
+    seed: str = "seed"
+    offset: str = "offset"
+
+
+# The registered ops' argument names (the schema's).
+OP_NAMES = ArgumentNames()
+
+
+def _device_error(name: str, t: torch.Tensor, device: torch.device) -> ValueError:
+    return device_error(name, t, device, "target_probs")
+
+
+def _check_counter(name: str, counter, batch, device) -> None:
+    require_tensor(name, counter)
+    if counter.dim() != 1 or counter.shape[0] != batch:
+        raise ValueError(f"{name} must have shape (batch_size,) = ({batch},); got {shape(counter)}")
+    if counter.dtype not in INDEX_DTYPES:
+        raise dtype_error(name, counter, INDEX_DTYPES)
+    if counter.device != device:
+        raise _device_error(name, counter, device)
+    if counter.stride(0) == 0 and batch > 1:
+        raise ValueError(
+            f"{name} must have one element per request; got a tensor whose {batch} elements share "
+            "one memory location (stride 0, e.g. from expand): pass a tensor of its own, such as "
+            "torch.zeros(batch_size, dtype=torch.int32)"
+        )
+
+
+def _check_seed_like(name: str, t, batch, device) -> None:
+    require_tensor(name, t)
+    if t.dim() != 1 or (t.shape[0] != 1 and t.shape[0] != batch):
+        raise ValueError(
+            f"{name} must be a 1-D tensor of 1 or batch_size ({batch}) elements; "
+            f"got shape {shape(t)}"
+        )
+    if t.dtype != torch.int64:
+        raise dtype_error(name, t, (torch.int64,))
+    if t.device != device:
+        raise _device_error(name, t, device)
+
+
+def check_arguments(
+    *,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    names: ArgumentNames = OP_NAMES,
+) -> None:
+    """Raise ValueError (shapes, devices, stride 0) or TypeError (types, dtypes) naming the
+    offending argument as the caller called it (``names``).
+
+    One pass of cheap comparisons decides that all is well; only when it fails does the slow path
+    look for the first problem and build its message (same checks, in order).
+    """
+    try:
+        shape = target_probs.shape
+        device = target_probs.device
+        batch = shape[0]
+        counters_ok = ((accepted_num.is_contiguous() or accepted_num.stride(0) != 0)
+                       and (emitted_num.is_contiguous() or emitted_num.stride(0) != 0))
+        ok = (len(shape) == 3 and shape[1] >= 2 and shape[2] >= 1
+              and target_probs.dtype in PROB_DTYPES
+              and draft_token_ids.shape == (batch, shape[1] - 1)
+              and draft_token_ids.dtype in INDEX_DTYPES and draft_token_ids.device == device
+              and (draft_probs is None
+                   or (draft_probs.shape == (batch, shape[1] - 1, shape[2])
+                       and draft_probs.dtype == target_probs.dtype
+                       and draft_probs.device == device))
+              and accepted_num.shape == (batch,) and accepted_num.dtype in INDEX_DTYPES
+              and accepted_num.device == device
+              and emitted_num.shape == (batch,) and emitted_num.dtype in INDEX_DTYPES
+              and emitted_num.device == device
+              and counters_ok
+              and seed.dim() == 1 and (seed.shape[0] == 1 or seed.shape[0] == batch)
+              and seed.dtype == torch.int64 and seed.device == device
+              and offset.dim() == 1 and (offset.shape[0] == 1 or offset.shape[0] == batch)
+              and offset.dtype == torch.int64 and offset.device == device)
+    except (AttributeError, TypeError, IndexError):  # not tensors: the slow path names them
+        ok = False
+    if not ok:
+        _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num,
+                             emitted_num, seed, offset, names)
+
+
+def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                         seed, offset, names: ArgumentNames) -> None:
+    """The slow path of check_arguments: find the first problem and raise its error."""
+    require_tensor(names.target_probs, target_probs)
+    if target_probs.dim() != 3:
+        raise ValueError(
+            f"{names.target_probs} must have shape (batch_size, num_speculate_tokens + 1, "
+            f"vocab_size); got {target_probs.dim()}-D shape {shape(target_probs)}"
+        )
+    if target_probs.dtype not in PROB_DTYPES:
+        raise dtype_error(names.target_probs, target_probs, PROB_DTYPES)
+    batch, n_plus_one, vocab = target_probs.shape
+    device = target_probs.device
+    if n_plus_one < 2:
+        raise ValueError(
+            f"{names.target_probs} must have num_speculate_tokens + 1 >= 2 positions; "
+            f"got shape {shape(target_probs)}"
+        )
+    if vocab < 1:
+        raise ValueError(
+            f"{names.target_probs} must have vocab_size >= 1; got shape {shape(target_probs)}")
+    num_draft = n_plus_one - 1
+
+    require_tensor(names.draft_token_ids, draft_token_ids)
+    if draft_token_ids.dim() != 2 or draft_token_ids.shape[0] != batch \
+            or draft_token_ids.shape[1] != num_draft:
+        raise _ids_shape_error(names, draft_token_ids, target_probs)
+    if draft_token_ids.dtype not in INDEX_DTYPES:
+        raise dtype_error(names.draft_token_ids, draft_token_ids, INDEX_DTYPES)
+    if draft_token_ids.device != device:
+        raise _device_error(names.draft_token_ids, draft_token_ids, device)
+
+    if draft_probs is not None:
+        require_tensor(names.draft_probs, draft_probs)
+        if draft_probs.dim() != 3 or draft_probs.shape[0] != batch \
+                or draft_probs.shape[1] != num_draft or draft_probs.shape[2] != vocab:
+            raise ValueError(
+                f"{names.draft_probs} must have shape (batch_size, num_speculate_tokens, "
+                f"vocab_size) = {(batch, num_draft, vocab)} to match {names.target_probs} "
+                f"{shape(target_probs)}; got {shape(draft_probs)}"
+            )
+        if draft_probs.dtype != target_probs.dtype:
+            raise TypeError(
+                f"{names.draft_probs} must have the dtype of {names.target_probs} "
+                f"({dtype_name(target_probs.dtype)}); got {dtype_name(draft_probs.dtype)}"
+            )
+        if draft_probs.device != device:
+            raise _device_error(names.draft_probs, draft_probs, device)
+
+    _check_counter(names.accepted_num, accepted_num, batch, device)
+    _check_counter(names.emitted_num, emitted_num, batch, device)
+    _check_seed_like(names.seed, seed, batch, device)
+    _check_seed_like(names.offset, offset, batch, device)
+
+
+def check_counters_apart(
+    *,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    names: ArgumentNames = OP_NAMES,
+) -> None:
+    """Raise ValueError when the two counters share memory: the kernels add to both in place, so
+    a request's sums would depend on the order the hardware runs them in (the interpreter would
+    silently add every request into one slot). Call it after ``check_arguments``, which refuses a
+    counter with stride 0.
+
+    Separate from ``check_arguments`` because Dynamo cannot trace the storage comparison: the
+    fake implementation runs it at trace time, on fake tensors that keep the inputs' aliasing.
+    """
+    if torch._C._is_alias_of(accepted_num, emitted_num) and overlaps(accepted_num, emitted_num):
+        raise ValueError(
+            f"{names.accepted_num} and {names.emitted_num} must not share memory: the op adds to "
+            "both in place; pass two separate tensors"
+        )
+
+
+def _ids_shape_error(names: ArgumentNames, ids: torch.Tensor, target: torch.Tensor) -> ValueError:
+    """Say which argument's shape implies what, blaming neither when both are well-formed."""
+    batch, n_plus_one, _ = target.shape
+    expected = (batch, n_plus_one - 1)
+    if ids.dim() == 2 and ids.shape[0] == batch:
+        # Both well-formed, numbers of positions disagree: either may be the wrong one.
+        return ValueError(
+            f"{names.draft_token_ids} and {names.target_probs} disagree on the number of draft "
+            f"tokens: {names.draft_token_ids} of shape {shape(ids)} has {ids.shape[1]} per "
+            f"request, so {names.target_probs} needs {ids.shape[1]} + 1 = {ids.shape[1] + 1} "
+            f"positions, shape ({batch}, {ids.shape[1] + 1}, vocab_size); {names.target_probs} of "
+            f"shape {shape(target)} has {n_plus_one} positions, which implies "
+            f"{names.draft_token_ids} of shape (batch_size, num_speculate_tokens) = {expected}"
+        )
+    return ValueError(
+        f"{names.draft_token_ids} must have shape (batch_size, num_speculate_tokens) = {expected} "
+        f"to match {names.target_probs} {shape(target)}; got {shape(ids)}"
+    )
+
+
+def check_values(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    names: ArgumentNames = OP_NAMES,
+) -> None:
+    """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
+
+    Ids must be -1 (padding) or in [0, vocab_size); probabilities must be finite and >= 0.
+    """
+    vocab = target_probs.shape[-1]
+    where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
+    if where is not None:
+        value = int(draft_token_ids[where])
+        raise ValueError(
+            f"{names.draft_token_ids} must be -1 (padding) or in [0, {vocab}); "
+            f"got {value} at index {where} (SPECOPS_VALIDATE=1)"
+        )
+    for name, probs in ((names.target_probs, target_probs), (names.draft_probs, draft_probs)):
+        if probs is None:
+            continue
+        where = first_bad_index(~torch.isfinite(probs) | (probs < 0))
+        if where is not None:
+            raise ValueError(
+                f"{name} must be finite and >= 0; got {float(probs[where])} at index {where} "
+                "(SPECOPS_VALIDATE=1)"
+            )

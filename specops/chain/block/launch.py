@@ -1,0 +1,94 @@
+"""Launching the block-verification kernels: programs per candidate row from the launch model
+(``core/occupancy.py``), the output and the row pass's partials, two launches through
+``core/launcher.py``."""
+
+from __future__ import annotations
+
+import torch
+
+from ...core import occupancy
+from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.race import CHUNK_SIZE, num_chunks
+from . import slots
+from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
+
+MAX_SPLITS = 256  # most programs one row is split over (a power of two: the scan's lanes)
+# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
+GROUP = 128
+# How the kernels are built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
+# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16. No multiply-add
+# contraction, so every float operation rounds as the torch reference's does.
+LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
+ROW_PASS = TritonKernel(block_row_pass_kernel, **LAUNCH_OPTIONS)
+SCAN = TritonKernel(block_scan_kernel, **LAUNCH_OPTIONS)
+
+
+def block_speculative_sampling_triton(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``reference.block_speculative_sampling_reference``.
+
+    ``num_splits`` overrides the programs per row (tests use it to show the output does not depend
+    on it). No host synchronisation; two launches; every tensor it allocates is private to the
+    call (safe on concurrent streams and in CUDA graphs).
+    """
+    batch, num_draft = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    has_draft = draft_probs is not None
+    if target_probs.stride(2) != 1:  # the row pass needs unit vocabulary stride (16-byte loads)
+        target_probs = target_probs.contiguous()
+    if has_draft and draft_probs.stride(2) != 1:
+        draft_probs = draft_probs.contiguous()
+    out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=target_probs.device)
+    if batch == 0:
+        return out
+    rows = batch * (num_draft + 1)
+    chunks = num_chunks(vocab)
+    draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
+    stride_tb, stride_tn, _ = target_probs.stride()
+    stride_db, stride_dn = draft_probs.stride()[:2] if has_draft else (0, 0)
+    stride_ib, stride_in = draft_token_ids.stride()
+    seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
+    offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
+    per_request = int(seed.numel() != 1)
+    row_constexprs = (has_draft, GROUP, CHUNK_SIZE)  # HAS_DRAFT, GROUP, CHUNK
+    row_args = [target_probs, draft, draft_token_ids, seed, offset,
+                placeholder(out.device, torch.float64), num_draft, vocab, 0,
+                stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
+                offset_stride, per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)]
+    # What Triton specialises both kernels on beyond the checks (seed and offset int64,
+    # draft_probs of target_probs' dtype): the other pointers' dtypes, the row arguments' 16-byte
+    # alignment, and whether the unspecialised integers fit in 32 bits.
+    key = (target_probs.dtype, draft_token_ids.dtype,
+           alignment((target_probs.data_ptr(), draft.data_ptr()),
+                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
+           max(stride_ib, stride_in, seed_stride, offset_stride, accepted_num.stride(0),
+               emitted_num.stride(0)) < 2**31)
+    compiled = ROW_PASS.compiled((row_constexprs, key), row_args, row_constexprs)
+    if num_splits is None:
+        num_splits = occupancy.programs_per_row(compiled, rows, chunks,
+                                                CHUNK_SIZE * target_probs.element_size(),
+                                                MAX_SPLITS)
+    per_program = -(-chunks // max(1, min(chunks, MAX_SPLITS, int(num_splits))))
+    splits = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
+    partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
+    row_args[5], row_args[8] = partials, per_program
+    direct = direct_launch(ROW_PASS, SCAN)
+    ROW_PASS.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
+    scan_args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
+                 partials, num_draft, vocab, splits, stride_tb, stride_tn, stride_db, stride_dn,
+                 stride_ib, stride_in, accepted_num.stride(0), emitted_num.stride(0), seed_stride,
+                 offset_stride, per_request, slots.stop_slot(num_draft, 0))
+    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel)
+    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS)
+    scan_key = (scan_constexprs, key, accepted_num.dtype, emitted_num.dtype)
+    scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
+    SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)
+    return out

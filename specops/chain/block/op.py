@@ -1,0 +1,26 @@
+"""``torch.ops.specops.chain_block_speculative_sampling``: block verification, registered as a torch
+op with the schema of token verification's op (``specops/chain/verifier.py``)."""
+
+from __future__ import annotations
+
+from ...core.registry import Backends
+from ..verifier import register_verifier
+from .reference import block_speculative_sampling_reference
+
+
+_launch = None
+
+
+def _triton():
+    global _launch  # imported on first use: importing triton is not free
+    if _launch is None:
+        from . import launch as _launch
+    return _launch.block_speculative_sampling_triton
+
+
+# The reference serves CPU tensors too, until block verification has a CPU backend of its own.
+chain_block_speculative_sampling_op = register_verifier(
+    "specops::chain_block_speculative_sampling",
+    Backends(reference=block_speculative_sampling_reference,
+             cpu=block_speculative_sampling_reference, triton=_triton),
+)

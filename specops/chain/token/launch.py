@@ -1,0 +1,127 @@
+"""Launching the token-verification kernels: programs per request from the launch model
+(``core/occupancy.py``), the output and, with P > 1, the row-pass partials, then one or two
+launches through ``core/launcher.py``."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...core import occupancy
+from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.race import CHUNK_SIZE, num_chunks
+from . import slots
+from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
+
+# Most programs per request: the combine kernel reads them in one block.
+MAX_PROGRAMS_PER_REQUEST = 256
+# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
+GROUP = 128
+# How the kernels are built (benchmarks/sass_budget.py compiles with the same options). No
+# multiply-add contraction, so every float operation rounds as the torch reference's does.
+LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
+MAIN = TritonKernel(chain_speculative_sampling_kernel, **LAUNCH_OPTIONS)
+COMBINE = TritonKernel(combine_kernel, **LAUNCH_OPTIONS)
+
+
+def block_n(num_draft: int) -> int:
+    """Lanes of the acceptance vector: N drafts and the bonus position, at least 4 (with 2, ptxas
+    allocates more registers, which would cost a resident program per SM)."""
+    return max(4, 1 << num_draft.bit_length())  # next power of 2 above N (triton's is slow)
+
+
+@functools.lru_cache(maxsize=256)
+def _per_shape(num_draft: int, vocab: int) -> tuple[int, int, int, int]:
+    """(lanes of the acceptance vector, Philox slot of the inverse-CDF uniform, of chunk 0,
+    chunks of a row)."""
+    return (block_n(num_draft), slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
+            num_chunks(vocab))
+
+
+def chain_speculative_sampling_triton(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    programs: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
+    (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
+
+    ``programs`` overrides the programs per request (tests use it to show the output does not
+    depend on it); by default the launch model chooses it. No host synchronisation; every tensor
+    it allocates is private to the call (safe on concurrent streams and in CUDA graphs).
+    """
+    batch, num_draft = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    has_draft = draft_probs is not None
+    # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
+    stride_tb, stride_tn, stride_tv = target_probs.stride()
+    if stride_tv != 1:
+        target_probs = target_probs.contiguous()
+        stride_tb, stride_tn, _ = target_probs.stride()
+    if has_draft:
+        stride_db, stride_dn, stride_dv = draft_probs.stride()
+        if stride_dv != 1:
+            draft_probs = draft_probs.contiguous()
+            stride_db, stride_dn, _ = draft_probs.stride()
+        draft = draft_probs
+    else:
+        stride_db = stride_dn = 0
+        draft = target_probs  # placeholder pointer
+    out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=target_probs.device)
+    if batch == 0:
+        return out
+    stride_ib, stride_in = draft_token_ids.stride()
+    stride_acc, stride_emit = accepted_num.stride()[0], emitted_num.stride()[0]
+    seed_per_request = seed.numel() != 1
+    seed_stride = seed.stride()[0] if seed_per_request else 0
+    offset_stride = offset.stride()[0] if offset.numel() != 1 else 0
+    lanes, cdf_slot, race_slot0, chunks = _per_shape(num_draft, vocab)
+    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE)  # HAS_DRAFT, BLOCK_N, GROUP, CHUNK
+    # What Triton specialises on beyond the checks (seed and offset int64, draft_probs of
+    # target_probs' dtype): the other pointers' dtypes, the row arguments' 16-byte alignment, and
+    # whether the unspecialised integers fit in 32 bits.
+    key = (constexprs, target_probs.dtype, draft_token_ids.dtype, accepted_num.dtype,
+           emitted_num.dtype,
+           alignment((target_probs.data_ptr(), draft.data_ptr()),
+                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
+           max(stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride) < 2**31)
+    compiled = MAIN.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
+                                   emitted_num, seed, offset, out,
+                                   placeholder(out.device, torch.float64), num_draft, vocab,
+                                   stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+                                   stride_in, stride_acc, stride_emit, seed_stride,
+                                   offset_stride, int(seed_per_request), 1, cdf_slot, race_slot0),
+                             constexprs)
+    if programs is None:
+        programs = occupancy.programs_per_row(compiled, batch, chunks,
+                                              CHUNK_SIZE * target_probs.element_size(),
+                                              MAX_PROGRAMS_PER_REQUEST)
+    per_program = -(-chunks // max(1, min(programs, chunks, MAX_PROGRAMS_PER_REQUEST)))
+    programs = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
+    if programs > 1:
+        # The programs' partial results, combined by combine_kernel (kernel.py has the layout).
+        partials = torch.empty((batch, programs, PARTIAL_FIELDS), dtype=torch.float64,
+                               device=out.device)
+    else:
+        partials = placeholder(out.device, torch.float64)
+    args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
+            partials, num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+            stride_in, stride_acc, stride_emit, seed_stride, offset_stride, int(seed_per_request),
+            per_program, cdf_slot, race_slot0)
+    if programs == 1:
+        MAIN.launch((batch, 1), compiled, args, constexprs)
+        return out
+    direct = direct_launch(MAIN, COMBINE)
+    MAIN.launch((batch, programs), compiled, args, constexprs, direct)
+    combine = (partials, out, num_draft, programs)
+    # Every argument's dtype and specialisation is fixed: one specialisation per device.
+    combined = COMBINE.compiled((), combine, (MAX_PROGRAMS_PER_REQUEST,),
+                                compiled.device if compiled else None)
+    COMBINE.launch((batch,), combined, combine, (MAX_PROGRAMS_PER_REQUEST,), direct)  # BLOCK_P
+    return out
