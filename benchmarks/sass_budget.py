@@ -99,7 +99,8 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
     from specops.chain.block.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
-             "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64"}
+             "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
+             "masses_ptr": "*fp32"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
 

@@ -45,8 +45,9 @@ if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
 def compile_scan(prob, draft, block_n):
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*i32",
              "accepted_ptr": "*i32", "emitted_ptr": "*i64", "seed_ptr": "*i64",
-             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS}
+             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
+             "masses_ptr": "*fp32"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024}
     return sass_budget.compile_for_hopper(block_scan_kernel, types, constexprs,
                                           options=LAUNCH_OPTIONS)
 

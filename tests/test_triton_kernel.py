@@ -100,7 +100,7 @@ def test_invalid_ids_and_padding():
 
 @pytest.mark.parametrize("draft", [True, False])
 def test_nan_negative_and_zero_rows(draft):
-    draft_probs, ids, target = make_inputs(6, 2, 1500, draft=draft, seed=7)
+    draft_probs, ids, target = make_inputs(7, 2, 1500, draft=draft, seed=7)
     target[0, :, 5::7] = float("nan")  # NaN counts as 0
     target[1] = -target[1]  # every p negative: nothing accepted, no mass: -1
     target[2, 0] = 0.0  # rejected at 0 (p = 0), residual zero, p_0 zero: -1
@@ -112,12 +112,15 @@ def test_nan_negative_and_zero_rows(draft):
     target[4, 0, ids[4, 0]] = 0.0  # force rejection at 0
     if draft:
         draft_probs[4, 0, ids[4, 0]] = 0.5
-    seed, offset = seeds(6, per_request=True)
+    target[5, :, 1000:1100] = 3e38  # too large to sum: counts as 0, as +inf does
+    target[6] = 3e38  # no mass at all: -1
+    seed, offset = seeds(7, per_request=True)
     results = run_both(draft_probs, ids, target, seed, offset)
     assert_same(results)
     out = results[1][0]
-    assert out[1, 0] == -1 and out[2, 0] == -1
+    assert out[1, 0] == -1 and out[2, 0] == -1 and out[6, 0] == -1
     assert out[4, 0] >= 0
+    assert not ((out[5] >= 1000) & (out[5] < 1100)).any()
 
 
 def test_non_contiguous_inputs():

@@ -185,6 +185,7 @@ def validate_call(q, d, p):
         ("draft nan", ["draft_probs", "nan"]),
         ("draft -inf", ["draft_probs", "-inf"]),
         ("draft negative", ["draft_probs", "-0.25"]),
+        ("target huge", ["target_probs", "2**117"]),
     ],
 )
 def test_validate_mode_raises(monkeypatch, what, fragments):
@@ -200,6 +201,7 @@ def test_validate_mode_raises(monkeypatch, what, fragments):
         "draft nan": lambda: q.__setitem__((0, 1, 1), float("nan")),
         "draft -inf": lambda: q.__setitem__((2, 0, 0), float("-inf")),
         "draft negative": lambda: q.__setitem__((1, 0, 2), -0.25),
+        "target huge": lambda: p.__setitem__((1, 0, 1), 2.0**117),
     }
     edits[what]()
     # Default mode: no error.
@@ -266,9 +268,9 @@ def test_out_of_range_id_ends_the_draft(monkeypatch, bad_id):
     assert seen == set(range(V))
 
 
-@pytest.mark.parametrize("bad", [float("nan"), -0.3, float("-inf"), float("inf")])
+@pytest.mark.parametrize("bad", [float("nan"), -0.3, float("-inf"), float("inf"), 2.0**117])
 def test_bad_target_probability_counts_as_zero(bad):
-    # p_0[d_0] is NaN/negative/inf: counts as 0, so the draft is rejected; the residual
+    # p_0[d_0] is NaN/negative/inf/too large to sum: counts as 0, so the draft is rejected; the residual
     # relu(p - q) with that entry as 0 is all at token 3.
     p = torch.stack([torch.tensor([0.0, bad, 0.0, 0.5, 0.0]), one_hot(0), one_hot(0)])[None]
     q = torch.stack([one_hot(1), one_hot(2)])[None]
@@ -281,7 +283,7 @@ def test_bad_target_probability_counts_as_zero(bad):
 def test_bad_draft_probability_counts_as_zero():
     # q_0[d_0] NaN -> 0: u * 0 < p is always true when p > 0, so the draft is accepted.
     p = torch.stack([torch.tensor([0.0, 0.1, 0.0, 0.9, 0.0]), one_hot(2), one_hot(3)])[None]
-    for bad in (float("nan"), -1.0, float("-inf")):
+    for bad in (float("nan"), -1.0, float("-inf"), 3e38):
         q = torch.stack([torch.tensor([0.0, bad, 0.0, 0.0, 0.0]), one_hot(2)])[None]
         d = torch.tensor([[1, 2]])
         for seed in range(10):
@@ -465,3 +467,46 @@ def test_public_function_names_its_own_counter_arguments():
     for (acc, emit), exc, pattern in cases:
         with pytest.raises(exc, match=pattern):
             specops.chain_speculative_sampling(q, d, p, acc, emit, seed=0)
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("Yes", True), ("on", True),
+                                      ("0", False), ("false", False), ("no", False),
+                                      ("OFF", False), ("", False)])
+def test_validate_mode_spellings(monkeypatch, value, on):
+    args = good_args()
+    d = args["draft_token_ids"].clone()
+    d[0, 0] = -7  # refused only when validating
+    monkeypatch.setenv("SPECOPS_VALIDATE", value)
+    if on:
+        with pytest.raises(ValueError, match="SPECOPS_VALIDATE"):
+            validate_call(args["draft_probs"], d, args["target_probs"])
+    else:
+        validate_call(args["draft_probs"], d, args["target_probs"])
+
+
+def test_validate_mode_refuses_a_spelling_it_does_not_know(monkeypatch):
+    args = good_args()
+    monkeypatch.setenv("SPECOPS_VALIDATE", "maybe")
+    with pytest.raises(ValueError, match="SPECOPS_VALIDATE must be one of .*got 'maybe'"):
+        validate_call(args["draft_probs"], args["draft_token_ids"], args["target_probs"])
+
+
+def test_generator_of_another_type_is_named():
+    args = good_args()
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None; got str"):
+        specops.chain_speculative_sampling(args["draft_probs"], args["draft_token_ids"],
+                                           args["target_probs"], generator="x")
+
+
+def test_numpy_integer_seeds_are_ints():
+    np = pytest.importorskip("numpy")
+    from inputs import softmax_inputs
+
+    q, d, p = softmax_inputs(batch=8, vocab=50)
+    assert not torch.equal(specops.chain_speculative_sampling(q, d, p, seed=3)[0],
+                           specops.chain_speculative_sampling(q, d, p, seed=4)[0])
+    expected = specops.chain_speculative_sampling(q, d, p, seed=3, offset=5)[0]
+    got = specops.chain_speculative_sampling(q, d, p, seed=np.int64(3), offset=np.uint32(5))[0]
+    assert torch.equal(got, expected)
+    with pytest.raises(TypeError, match="seed must be an int or an int64 tensor; got float"):
+        specops.chain_speculative_sampling(q, d, p, seed=3.0)

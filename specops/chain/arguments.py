@@ -15,6 +15,7 @@ import torch
 
 from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index, overlaps,
                           require_tensor, shape)
+from ..core.probs import PROBABILITY_BOUND
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -220,7 +221,8 @@ def check_values(
 ) -> None:
     """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
 
-    Ids must be -1 (padding) or in [0, vocab_size); probabilities must be finite and >= 0.
+    Ids must be -1 (padding) or in [0, vocab_size); probabilities must lie in
+    [0, PROBABILITY_BOUND) (finite, and too small to overflow a chunk's float32 sum).
     """
     vocab = target_probs.shape[-1]
     where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
@@ -233,9 +235,9 @@ def check_values(
     for name, probs in ((names.target_probs, target_probs), (names.draft_probs, draft_probs)):
         if probs is None:
             continue
-        where = first_bad_index(~torch.isfinite(probs) | (probs < 0))
+        where = first_bad_index(~((probs >= 0) & (probs < PROBABILITY_BOUND)))
         if where is not None:
             raise ValueError(
-                f"{name} must be finite and >= 0; got {float(probs[where])} at index {where} "
-                "(SPECOPS_VALIDATE=1)"
+                f"{name} must be finite, >= 0 and below 2**117; got {float(probs[where])} at "
+                f"index {where} (SPECOPS_VALIDATE=1)"
             )

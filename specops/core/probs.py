@@ -1,15 +1,22 @@
-"""Reading probabilities as every sampler's rules read them: NaN, infinite and negative values count
-as 0 (docs/semantics.md)."""
+"""Reading probabilities as every sampler's rules read them: NaN, negative, infinite and too large
+values count as 0 (docs/semantics.md)."""
 
 from __future__ import annotations
 
 import torch
 
 
+# Values from here up, +inf among them, count as 0: 1024 of them (a chunk) sum to less than the
+# float32 maximum, so no chunk's mass overflows. Probabilities are at most 1; a bound of 2**117
+# (about 1.7e35) refuses only values no distribution has.
+PROBABILITY_BOUND = 2.0**117
+
+
 def sanitize(probs: torch.Tensor) -> torch.Tensor:
-    """Float32 copy in which NaN, +-inf and negative probabilities count as 0."""
+    """Float32 copy in which NaN, negative and infinite probabilities, and those of
+    PROBABILITY_BOUND or more, count as 0."""
     probs = probs.float()
-    return torch.where(torch.isfinite(probs) & (probs > 0), probs, 0.0)
+    return torch.where((probs > 0) & (probs < PROBABILITY_BOUND), probs, 0.0)
 
 
 def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

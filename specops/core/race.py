@@ -6,7 +6,9 @@ backend (docs/algorithm.md explains why it is exact and launch-independent):
   * chunk k wins an exponential race with key -log(u_k) / w_k (the smallest key wins, ties go to
     the lower chunk), which picks chunk k with probability w_k / sum(w);
   * inside the winning chunk, the token is the first t with r_t > 0 and cumsum(r)_t > u * w_k.
-Chunk masses are float32 sums; race keys and the in-chunk prefix sums are float64.
+Chunk masses are float32 sums (of values below probs.PROBABILITY_BOUND, so they never overflow);
+race keys and the in-chunk prefix sums are float64. A row's total mass, where a rule needs it, is
+``sums.exact_total`` of its chunk masses.
 """
 
 from __future__ import annotations

@@ -6,14 +6,20 @@ code draw the same tokens.
 import triton
 import triton.language as tl
 
+from . import probs
+
+
+PROBABILITY_BOUND = tl.constexpr(probs.PROBABILITY_BOUND)
+
 
 @triton.jit
 def sanitize(x):
-    """float32 value if finite and > 0, else 0: max(x, 0) zeroes negatives (and NaN on a GPU),
-    the < inf test zeroes +inf (and NaN, where max propagates it, as under the interpreter).
-    Two instructions per value; comparing 16-bit inputs directly compiles to bit tests."""
+    """float32 value if in [0, PROBABILITY_BOUND), else 0 (probs.sanitize): max(x, 0) zeroes
+    negatives (and NaN on a GPU), the bound zeroes +inf, values too large to sum (and NaN, where
+    max propagates it, as under the interpreter). Two instructions per value; comparing 16-bit
+    inputs directly compiles to bit tests."""
     x = tl.maximum(x.to(tl.float32), 0.0)
-    return tl.where(x < float("inf"), x, 0.0)
+    return tl.where(x < PROBABILITY_BOUND, x, 0.0)
 
 
 @triton.jit
@@ -108,6 +114,19 @@ def chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: 
         return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q is not read
     else:
         return tl.where(cols == removed, 0.0, w_row * p)
+
+
+@triton.jit
+def keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
+    """The running best (key, chunk) of a race against the group of chunks first + i, i < count,
+    with masses[i]: lowest key wins; ties go to the lower chunk (the running best holds lower
+    chunks). Key -log(u) / mass in float64, +inf without mass, as the reference."""
+    slot = tl.arange(0, GROUP)
+    keys = race_key(tl.where(slot < count, masses, 0.0), neg_log_u)
+    key = tl.min(keys, axis=0)
+    winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
+    better = key < best_key
+    return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
 
 
 @triton.jit

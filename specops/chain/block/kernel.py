@@ -20,13 +20,16 @@ import triton
 import triton.language as tl
 
 from ...core.philox import philox_uniform, split_int64
-from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_key,
+from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
                                  race_token, sanitize, store_race_partial, winning_token)
+from ...core.sums_triton import BIN_LANES, add_masses, to_float
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
-# [b (N + 1) + t, s]: the race fields of core/race_triton.py (R_t-race key, p_t-race key, the
-# token of the race it used), then its chunks' share of the mass of R_t.
-PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS + 1)
+# [b (N + 1) + t, s] with the race fields of core/race_triton.py (R_t-race key, p_t-race key, the
+# token of the race it used). Beside them, float32 (B (N + 1), K): the mass of every chunk of
+# every R_t, which the scan sums exactly (core/sums.py).
+PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS)
+MASS_BLOCK = tl.constexpr(32)  # chunks the scan sums at once, for each of its rows
 
 
 @triton.jit
@@ -83,28 +86,14 @@ def _candidate_row(target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, strid
 
 
 @triton.jit
-def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
-    """The running best (key, chunk) of a race against the group of chunks first + i, i < count,
-    with masses[i]: lowest key wins; ties go to the lower chunk (the running best holds lower
-    chunks)."""
-    slot = tl.arange(0, GROUP)
-    # Not the chain kernel's form of the same key (mass tested in float32): it costs this kernel
-    # registers (specops/chain/kernel.py's _keep_best).
-    keys = race_key(tl.where(slot < count, masses, 0.0), neg_log_u)
-    key = tl.min(keys, axis=0)
-    winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
-    better = key < best_key
-    return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
-
-
-@triton.jit
 def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0,
-           stream, off_lo, off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
-           CHUNK: tl.constexpr):
-    """Over chunks [k_begin, k_end), in groups of GROUP chunks: the float64 mass of R_t and the
-    best (key, chunk) of the R_t race and of the p_t race; masses first, then the group's race
-    uniforms and keys as vectors. ``scaled``: w_row < 1 with draft None, the one case whose p_t
-    masses are not taken (there the p_t race is never used: R_t without mass gives h_t = 0)."""
+           stream, off_lo, off_hi, key_lo, key_hi, masses_row, HAS_DRAFT: tl.constexpr,
+           GROUP: tl.constexpr, CHUNK: tl.constexpr):
+    """Over chunks [k_begin, k_end), in groups of GROUP chunks: the masses of R_t's chunks (stored
+    at masses_row[k]) and the best (key, chunk) of the R_t race and of the p_t race; masses first,
+    then the group's race uniforms and keys as vectors. ``scaled``: w_row < 1 with draft None, the
+    one case whose p_t masses are not taken (there the p_t race is never used: R_t without mass
+    gives h_t = 0)."""
     # Draft None: R_t differs from (w_row times) p_t in the removed token's chunk only; its mass is
     # taken here, before the row pass, so nothing of it stays live across the loop.
     removed_chunk = tl.where(removed >= 0, removed // CHUNK, -1)
@@ -113,7 +102,6 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
                                                removed, False, CHUNK), axis=0)
-    mass = tl.zeros([], tl.float64)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -131,19 +119,20 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
         else:
             p_masses = masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
-        mass += tl.sum(res_masses.to(tl.float64), axis=0)
+        tl.store(masses_row + (first + slot), res_masses, mask=slot < count)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = _keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                        GROUP)
-        p_key, p_chunk = _keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
-    return mass, res_key, res_chunk, p_key, p_chunk
+        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
+                                       GROUP)
+        p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+    return res_key, res_chunk, p_key, p_chunk
 
 
 @triton.jit(
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
-    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "partials_ptr", "num_draft",
+    do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "partials_ptr", "masses_ptr",
+                       "num_draft",
                        "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
                        "offset_stride", "seed_per_request", "cdf_slot", "race_slot0"],
 )
@@ -154,6 +143,7 @@ def block_row_pass_kernel(
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
     partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64
+    masses_ptr,  # (B (N + 1), K) float32
     num_draft, vocab, chunks_per_program,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     seed_stride, offset_stride, seed_per_request,
@@ -178,16 +168,17 @@ def block_row_pass_kernel(
     row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
     k_begin = split.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
-    mass, res_key, res_chunk, p_key, p_chunk = _races(
+    row = b * (num_draft + 1) + t
+    res_key, res_chunk, p_key, p_chunk = _races(
         row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0, stream,
-        off_lo, off_hi, key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
+        off_lo, off_hi, key_lo, key_hi, masses_ptr + row * tl.cdiv(vocab, CHUNK), HAS_DRAFT,
+        GROUP, CHUNK)
     u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
     token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
                        u_cdf, HAS_DRAFT, CHUNK)
     # The partial result, for the scan to combine over the S programs of the row.
-    partial = partials_ptr + ((b * (num_draft + 1) + t) * splits + split) * PARTIAL_FIELDS
-    store_race_partial(partial, res_key, p_key, token)
-    tl.store(partial + RACE_FIELDS, mass)
+    store_race_partial(partials_ptr + (row * splits + split) * PARTIAL_FIELDS, res_key, p_key,
+                       token)
 
 
 @triton.jit
@@ -233,17 +224,28 @@ def _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, str
 
 
 @triton.jit
-def _tau(partials_ptr, w, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
-         key_lo, key_hi, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
-    """h_t = m_t / (m_t + 1 - w_t) from the row pass's partial masses and the weights w, and
-    tau = the largest t >= 1 with eta_t <= h_t (0 if none)."""
+def _row_masses(masses_ptr, b, num_draft, chunks, BLOCK_N: tl.constexpr):
+    """float64 mass of R_t for t = 0..N (lanes): the exact sum of its chunk masses, as
+    core/sums.py's exact_total."""
+    t = tl.arange(0, BLOCK_N)
+    rows = b * (num_draft + 1) + t.to(tl.int64)
+    c = tl.arange(0, MASS_BLOCK)
+    bins = tl.zeros([BLOCK_N, BIN_LANES], tl.int64)
+    for first in range(0, chunks, MASS_BLOCK):
+        in_range = (t <= num_draft)[:, None] & (first + c < chunks)[None, :]
+        masses = tl.load(masses_ptr + rows[:, None] * chunks + first + c[None, :], mask=in_range,
+                         other=0.0)
+        bins = add_masses(bins, masses)
+    return to_float(bins)
+
+
+@triton.jit
+def _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+         BLOCK_N: tl.constexpr):
+    """h_t = m_t / (m_t + 1 - w_t) from the rows' masses and the weights w, and tau = the largest
+    t >= 1 with eta_t <= h_t (0 if none)."""
     t = tl.arange(0, BLOCK_N)
     is_row = t <= num_draft
-    rows = b * (num_draft + 1) + t.to(tl.int64)
-    s = tl.arange(0, BLOCK_S)
-    partial = tl.load(partials_ptr + (rows[:, None] * splits + s[None, :]) * PARTIAL_FIELDS
-                      + RACE_FIELDS, mask=is_row[:, None] & (s[None, :] < splits), other=0.0)
-    row_mass = tl.sum(partial, axis=1)
     m = tl.where(ended, w * row_mass, row_mass)
     denominator = m + (1.0 - w)
     h = tl.where(denominator > 0, m / tl.where(denominator > 0, denominator, 1.0), 1.0)
@@ -254,7 +256,7 @@ def _tau(partials_ptr, w, b, num_draft, splits, ended, stop_slot0, stream, off_l
 
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
-                       "out_ptr", "partials_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
+                       "out_ptr", "partials_ptr", "masses_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
                        "stride_emit", "seed_stride", "offset_stride", "seed_per_request",
                        "stop_slot0"],
 )
@@ -268,11 +270,12 @@ def block_scan_kernel(
     offset_ptr,  # (1,) or (B,) int64
     out_ptr,  # (B, N+1) int32 contiguous
     partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64, written by the row pass
+    masses_ptr,  # (B (N + 1), K) float32, written by the row pass
     num_draft, vocab, splits,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
     stop_slot0,  # eta_t's Philox slot is stop_slot0 + t (slots.py); coin j's is j
-    HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """tau from the row pass's masses, the token at tau, the output row and the counters."""
     b = tl.program_id(0).to(tl.int64)
@@ -287,8 +290,9 @@ def block_scan_kernel(
         BLOCK_N)
     w = _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
                  stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N)
-    tau = _tau(partials_ptr, w, b, num_draft, splits, ended, stop_slot0, stream, off_lo, off_hi,
-               key_lo, key_hi, BLOCK_N, BLOCK_S)
+    row_mass = _row_masses(masses_ptr, b, num_draft, tl.cdiv(vocab, CHUNK), BLOCK_N)
+    tau = _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+               BLOCK_N)
     token = winning_token(partials_ptr, b * (num_draft + 1) + tau, splits, PARTIAL_FIELDS,
                           BLOCK_S)
     t = tl.arange(0, BLOCK_N)

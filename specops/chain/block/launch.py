@@ -13,8 +13,9 @@ from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
 MAX_SPLITS = 256  # most programs one row is split over (a power of two: the scan's lanes)
-# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
-GROUP = 128
+# Chunks whose masses a program holds at once (of 128 threads, one float32 and race each for half
+# of them: at 128, ptxas gave one variant 88 registers instead of about 64).
+GROUP = 64
 # How the kernels are built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
 # 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16. No multiply-add
 # contraction, so every float operation rounds as the torch reference's does.
@@ -60,7 +61,8 @@ def block_speculative_sampling_triton(
     per_request = int(seed.numel() != 1)
     row_constexprs = (has_draft, GROUP, CHUNK_SIZE)  # HAS_DRAFT, GROUP, CHUNK
     row_args = [target_probs, draft, draft_token_ids, seed, offset,
-                placeholder(out.device, torch.float64), num_draft, vocab, 0,
+                placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
+                num_draft, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
                 offset_stride, per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)]
     # What Triton specialises both kernels on beyond the checks (seed and offset int64,
@@ -78,16 +80,19 @@ def block_speculative_sampling_triton(
                                                 MAX_SPLITS)
     per_program = -(-chunks // max(1, min(chunks, MAX_SPLITS, int(num_splits))))
     splits = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
+    # The programs' race results and every chunk's mass of every candidate row (kernel.py has the
+    # layouts), for the scan.
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
-    row_args[5], row_args[8] = partials, per_program
+    masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
+    row_args[5], row_args[6], row_args[9] = partials, masses, per_program
     direct = direct_launch(ROW_PASS, SCAN)
     ROW_PASS.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
     scan_args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-                 partials, num_draft, vocab, splits, stride_tb, stride_tn, stride_db, stride_dn,
+                 partials, masses, num_draft, vocab, splits, stride_tb, stride_tn, stride_db, stride_dn,
                  stride_ib, stride_in, accepted_num.stride(0), emitted_num.stride(0), seed_stride,
                  offset_stride, per_request, slots.stop_slot(num_draft, 0))
-    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel)
-    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS)
+    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel), CHUNK
+    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS, CHUNK_SIZE)
     scan_key = (scan_constexprs, key, accepted_num.dtype, emitted_num.dtype)
     scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
     SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)

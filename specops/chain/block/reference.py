@@ -16,6 +16,7 @@ from ..outputs import write_outputs
 from ...core.probs import sanitize
 from ..drafts import at_draft_ids
 from ...core.race import chunk_masses, sample_rows
+from ...core.sums import exact_total
 from ...core.randomness import request_uniforms
 from . import slots
 
@@ -83,11 +84,11 @@ def candidate_rows(draft_probs, target_probs, drafts: Drafts, weights: torch.Ten
 def stop_probabilities(rows: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     """Step 6: h_t = m_t / (m_t + 1 - w_t), 1 where the denominator is 0: (B, N + 1) float64.
 
-    m_t = sum(R_t) while the draft runs at t, w_t sum(p_t) where it has ended; sums are float32
-    chunk masses (as the race's) added in float64. h_0 is never used.
+    m_t = sum(R_t) while the draft runs at t, w_t sum(p_t) where it has ended; the sums are the
+    exact totals of the race's chunk masses (core/sums.py). h_0 is never used.
     """
     batch, positions, vocab = rows.shape
-    row_mass = chunk_masses(rows.reshape(batch * positions, vocab)).double().sum(dim=1)
+    row_mass = exact_total(chunk_masses(rows.reshape(batch * positions, vocab)))
     row_mass = row_mass.reshape(batch, positions)
     w = drafts.weights
     mass = torch.where(drafts.ended, w * row_mass, row_mass)

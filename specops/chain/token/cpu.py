@@ -14,22 +14,22 @@ import torch
 
 from ..outputs import write_outputs
 from ...core.probs import rows_at, sanitize
+from ...core.probs import PROBABILITY_BOUND
 from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from . import reference, slots
 
-_FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits; every larger value is a NaN
+# PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
+_BOUND_BITS = (117 + 127) << 23
 
 
 def is_clean(rows: torch.Tensor) -> bool:
-    """True when every float32 value is finite and >= 0 (and not -0.0), from one pass over the bits.
-
-    The bit patterns of finite non-negative float32 values are exactly the int32 values in
-    [0, 0x7F800000): NaN, infinities and every negative number fall outside.
-    """
+    """True when every float32 value is in [0, PROBABILITY_BOUND) (and not -0.0): sanitize would
+    leave it as it is. From one pass over the bits: the bit patterns of those values are exactly
+    the int32 values in [0, _BOUND_BITS); NaN, infinities and negative numbers fall outside."""
     if rows.numel() == 0:
         return True
     low, high = torch.aminmax(rows.view(torch.int32))
-    return int(low) >= 0 and int(high) < _FLOAT32_INF_BITS
+    return int(low) >= 0 and int(high) < _BOUND_BITS
 
 
 def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,8 @@ def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -
 
 def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     """(rows, chunk masses) as ``reference.sampled_rows`` forms them, or None when that plain path
-    must run instead: some row mass is NaN or infinite, or some residual has no mass.
+    must run instead: some chunk mass is NaN, infinite or PROBABILITY_BOUND or more (a value that
+    counts as 0 may be in it), or some residual has no mass.
 
     p_e is neither sanitised nor gathered: the relu of p_e - w q_e (w = 1 where the residual is
     wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN or +inf shows as a non-finite
@@ -78,8 +79,8 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
         rows.mul_(-use_residual[:, None].float())
         add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
     masses = chunk_masses(rows)
-    row_mass = masses.sum(dim=1)  # NaN or inf when any chunk mass is
-    if bool((~row_mass.isfinite() | (use_residual & (row_mass == 0))).any()):
+    largest = masses.amax(dim=1)  # NaN when any mass is
+    if bool((~(largest < PROBABILITY_BOUND) | (use_residual & (largest == 0))).any()):
         return None
     return rows, masses
 

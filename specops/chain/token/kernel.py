@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from ...core.philox import philox_uniform, split_int64
-from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_token,
-                                 sanitize, store_race_partial, winning_token)
+from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
+                                 race_token, sanitize, store_race_partial, winning_token)
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
@@ -76,23 +76,6 @@ def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_
 
 
 @triton.jit
-def _keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.constexpr):
-    """Keep the best chunk of a race: the running (key, chunk) against the group of chunks first +
-    i, i < count, with masses[i] (lowest key wins; ties go to the lower chunk, and the running best
-    holds lower chunks). Key -log(u) / mass in float64, +inf without mass, as the reference."""
-    slot = tl.arange(0, GROUP)
-    # race_key's key, its mass tested in float32: the block row pass's form (race_key on the
-    # masked masses) compiles to more instructions here, and this one to more registers there.
-    has_mass = (masses > 0) & (slot < count)
-    keys = tl.where(has_mass, neg_log_u / tl.where(has_mass, masses.to(tl.float64), 1.0),
-                    float("inf"))
-    key = tl.min(keys, axis=0)
-    winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
-    better = key < best_key
-    return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
-
-
-@triton.jit
 def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
            off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
            CHUNK: tl.constexpr):
@@ -121,9 +104,9 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = _keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                        GROUP)
-        p_key, p_chunk = _keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
+                                       GROUP)
+        p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
     return res_key, res_chunk, p_key, p_chunk
 
 
