@@ -12,7 +12,10 @@ Choices = Union[bool, Iterable[bool]]
 
 
 def _choices(value, scalar_types) -> tuple:
-    return (value,) if isinstance(value, scalar_types) else tuple(value)
+    """One value or several (a string is one value)."""
+    if isinstance(value, (scalar_types, str)) or not hasattr(value, "__iter__"):
+        return (value,)
+    return tuple(value)
 
 
 def warmup(
@@ -41,8 +44,16 @@ def warmup(
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
     """
+    from .chain.arguments import INDEX_DTYPES, PROB_DTYPES
     from .core.backends import selected_backend
 
+    vocab = _count("vocab", vocab)
+    num_drafts = sorted({_count("num_draft", n) for n in _choices(num_draft, int)})
+    dtypes = _members("dtype", _choices(dtype, torch.dtype), PROB_DTYPES)
+    has_drafts = _members("draft_probs", _choices(draft_probs, bool), (True, False))
+    ids_dtypes = _members("ids_dtype", _choices(ids_dtype, torch.dtype), INDEX_DTYPES)
+    counter_dtypes = _members("counter_dtype", _choices(counter_dtype, torch.dtype), INDEX_DTYPES)
+    modes = _members("verification", _choices(verification, str), ("token", "block"))
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
@@ -51,16 +62,9 @@ def warmup(
 
     launchers = {"token": chain_speculative_sampling_triton,
                  "block": block_speculative_sampling_triton}
-    modes = _choices(verification, str)
-    for mode in modes:
-        if mode not in launchers:
-            raise ValueError(f'verification must be "token" or "block"; got {mode!r}')
-    combinations = itertools.product(
-        [launchers[mode] for mode in modes], _choices(dtype, torch.dtype),
-        sorted(set(_choices(num_draft, int))), _choices(draft_probs, bool),
-        _choices(ids_dtype, torch.dtype), _choices(counter_dtype, torch.dtype))
     count = 0
-    for launch, dt, n, has_draft, ids_dt, counter_dt in combinations:
+    for mode, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
+            modes, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
         target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
         draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if has_draft else None
         ids = torch.zeros(1, n, dtype=ids_dt, device=device)
@@ -68,6 +72,23 @@ def warmup(
         seed = torch.zeros(2, dtype=torch.int64, device=device)
         # Split over two programs too where V has two chunks: token verification's combine kernel.
         for programs in (1, 2):
-            launch(draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:], programs)
+            launchers[mode](draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:],
+                            programs)
         count += 1
     return count
+
+
+def _count(name: str, value) -> int:
+    """A positive int, or a clear error naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return value
+
+
+def _members(name: str, values: tuple, allowed: tuple) -> tuple:
+    """The values, each one of ``allowed``, or a clear error naming the argument."""
+    for value in values:
+        if value not in allowed:
+            spelled = ", ".join(str(a).replace("torch.", "") for a in allowed)
+            raise ValueError(f"{name} must be one of {spelled}; got {value!r}")
+    return values

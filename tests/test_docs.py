@@ -58,15 +58,14 @@ def all_blocks():
             yield pytest.param(code, runnable, id=f"{path.relative_to(ROOT)}:{line}")
 
 
-def test_readme_starts_with_install_demo_and_test_commands():
+def test_readme_commands_are_the_ones_ci_runs():
+    # The README's first block is what a newcomer types; CI must run its test command as written.
     text = (ROOT / "README.md").read_text()
-    install, demo, test = re.search(r"```bash\n(.*?)```", text, re.S).group(1).splitlines()
-    assert install.startswith("pip install -e '.[test]'")
-    assert (demo, test) == ("python -m specops.demo", "python -m pytest -q")
-    assert "--index-url https://download.pytorch.org/whl/cpu" in text  # the CPU build of torch
-    # CI must run exactly the README's test command.
+    commands = [line.split("#")[0].strip()
+                for line in re.search(r"```bash\n(.*?)```", text, re.S).group(1).splitlines()]
+    assert "python -m specops.demo" in commands and "python -m pytest -q" in commands
     ci_commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert test in ci_commands
+    assert "python -m pytest -q" in ci_commands
 
 
 def test_readme_usage_example_runs(capsys):

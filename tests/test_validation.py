@@ -510,3 +510,22 @@ def test_numpy_integer_seeds_are_ints():
     assert torch.equal(got, expected)
     with pytest.raises(TypeError, match="seed must be an int or an int64 tensor; got float"):
         specops.chain_speculative_sampling(q, d, p, seed=3.0)
+
+
+@pytest.mark.parametrize("changes,fragment", [
+    (dict(verification="blok"), "verification must be one of token, block; got 'blok'"),
+    (dict(verification=("token", "tree")), "verification must be one of token, block"),
+    (dict(dtype=torch.float64), "dtype must be one of float32, float16, bfloat16"),
+    (dict(vocab=0), "vocab must be a positive int; got 0"),
+    (dict(num_draft=range(0, 3)), "num_draft must be a positive int; got 0"),
+    (dict(ids_dtype=torch.int16), "ids_dtype must be one of int32, int64"),
+    (dict(counter_dtype=torch.float32), "counter_dtype must be one of int32, int64"),
+    (dict(draft_probs="yes"), "draft_probs must be one of True, False; got 'yes'"),
+])
+def test_warmup_refuses_settings_no_call_can_have_on_every_device(changes, fragment):
+    # On a CPU warmup loads nothing, but a typo must not pass silently there and fail on a GPU.
+    args = dict(device="cpu", vocab=32000, num_draft=3)
+    args.update(changes)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        specops.warmup(**args)
+    assert specops.warmup("cpu", 32000, range(1, 4), verification=("token", "block")) == 0
