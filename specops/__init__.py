@@ -7,9 +7,10 @@ Layout: ``core/`` holds what every sampler shares, each sampler has its own pack
 token verification, ``block/`` block verification); docs/contributing.md has the map.
 """
 
-from .api import chain_speculative_sampling
+from .api import chain_speculative_sampling, chain_speculative_sampling_from_logits
 from .warmup import warmup
 from .core.race import CHUNK_SIZE
 
-__all__ = ["chain_speculative_sampling", "warmup", "CHUNK_SIZE"]
+__all__ = ["chain_speculative_sampling", "chain_speculative_sampling_from_logits", "warmup",
+           "CHUNK_SIZE"]
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@ import torch
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
 from ...core.race import CHUNK_SIZE, num_chunks
+from ..from_logits import processed_inputs
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
@@ -97,3 +98,14 @@ def block_speculative_sampling_triton(
     scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
     SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)
     return out
+
+
+def block_speculative_sampling_from_logits_triton(
+    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
+    offset, temperature, top_k, top_p, min_p,
+) -> torch.Tensor:
+    """Same contract as ``reference.block_speculative_sampling_from_logits_reference``."""
+    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
+                                                 temperature, top_k, top_p, min_p)
+    return block_speculative_sampling_triton(draft_probs, draft_token_ids, target_probs,
+                                             accepted_num, emitted_num, seed, offset)

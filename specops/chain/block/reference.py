@@ -15,6 +15,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import sanitize
 from ..drafts import at_draft_ids
+from ..from_logits import processed_inputs
 from ...core.race import chunk_masses, sample_rows
 from ...core.sums import exact_total
 from ...core.randomness import request_uniforms
@@ -134,3 +135,15 @@ def block_speculative_sampling_reference(
     token = sample_at(rows, target_probs, tau, drafts)
     # Step 9: d_0..d_{tau-1}, the token, then -1; the counters.
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
+
+
+def block_speculative_sampling_from_logits_reference(
+    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
+    offset, temperature, top_k, top_p, min_p,
+) -> torch.Tensor:
+    """Block verification of the distributions the sampling parameters make of the logits
+    (chain/from_logits.py): the rows processed, then the steps above."""
+    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
+                                                 temperature, top_k, top_p, min_p)
+    return block_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs,
+                                                accepted_num, emitted_num, seed, offset)

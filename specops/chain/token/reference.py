@@ -14,6 +14,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import rows_at, sanitize
 from ..drafts import at_draft_ids
+from ..from_logits import processed_inputs
 from ...core.race import sample_rows
 from ...core.randomness import request_uniforms
 from . import slots
@@ -97,3 +98,15 @@ def chain_speculative_sampling_reference(
     token = sample_rows(rows, u_race, u_cdf)  # -1 when p_e has no mass either
     # Steps 4 and 6: the accepted prefix, the token, then -1; the counters.
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
+
+
+def chain_speculative_sampling_from_logits_reference(
+    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
+    offset, temperature, top_k, top_p, min_p,
+) -> torch.Tensor:
+    """Token verification of the distributions the sampling parameters make of the logits
+    (chain/from_logits.py): the rows processed, then the steps above."""
+    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
+                                                 temperature, top_k, top_p, min_p)
+    return chain_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs,
+                                                accepted_num, emitted_num, seed, offset)
