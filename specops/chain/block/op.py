@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...core.registry import Backends
 from ..from_logits import register_logits_verifier
 from ..verifier import register_verifier
+from .cpu import block_speculative_sampling_cpu, block_speculative_sampling_from_logits_cpu
 from .reference import (block_speculative_sampling_from_logits_reference,
                         block_speculative_sampling_reference)
 
@@ -27,15 +28,14 @@ def _triton_from_logits():
     return _launch.block_speculative_sampling_from_logits_triton
 
 
-# The reference serves CPU tensors too, until block verification has a CPU backend of its own.
 chain_block_speculative_sampling_op = register_verifier(
     "specops::chain_block_speculative_sampling",
     Backends(reference=block_speculative_sampling_reference,
-             cpu=block_speculative_sampling_reference, triton=_triton),
+             cpu=block_speculative_sampling_cpu, triton=_triton),
 )
 
 chain_block_speculative_sampling_from_logits_op = register_logits_verifier(
     "specops::chain_block_speculative_sampling_from_logits",
     Backends(reference=block_speculative_sampling_from_logits_reference,
-             cpu=block_speculative_sampling_from_logits_reference, triton=_triton_from_logits),
+             cpu=block_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
 )
