@@ -158,3 +158,17 @@ def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_
     if draft_logits is not None:
         draft_probs = processed(draft_logits)
     return draft_probs, target_probs
+
+
+def on_processed_rows(verify):
+    """The from-logits backend of a verifier of probabilities: every row processed as
+    ``processed_inputs`` processes it, then ``verify`` on the processed rows."""
+    def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+        draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
+                                                     temperature, top_k, top_p, min_p)
+        return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                      seed, offset)
+    backend.__name__ = verify.__name__.replace("_speculative_sampling",
+                                               "_speculative_sampling_from_logits")
+    return backend

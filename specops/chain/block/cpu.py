@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..from_logits import processed_inputs
+from ..from_logits import on_processed_rows
 from ..outputs import write_outputs
 from ...core.probs import PROBABILITY_BOUND, sanitize
 from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
@@ -161,13 +161,5 @@ def block_speculative_sampling_cpu(
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 
 
-def block_speculative_sampling_from_logits_cpu(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p,
-) -> torch.Tensor:
-    """``reference.block_speculative_sampling_from_logits_reference`` for CPU tensors: the rows
-    processed as the reference processes them, then this backend's verification."""
-    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                 temperature, top_k, top_p, min_p)
-    return block_speculative_sampling_cpu(draft_probs, draft_token_ids, target_probs,
-                                          accepted_num, emitted_num, seed, offset)
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu)

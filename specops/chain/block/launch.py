@@ -9,7 +9,7 @@ import torch
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
 from ...core.race import CHUNK_SIZE, num_chunks
-from ..from_logits import processed_inputs
+from ..from_logits import on_processed_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
@@ -100,12 +100,5 @@ def block_speculative_sampling_triton(
     return out
 
 
-def block_speculative_sampling_from_logits_triton(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p,
-) -> torch.Tensor:
-    """Same contract as ``reference.block_speculative_sampling_from_logits_reference``."""
-    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                 temperature, top_k, top_p, min_p)
-    return block_speculative_sampling_triton(draft_probs, draft_token_ids, target_probs,
-                                             accepted_num, emitted_num, seed, offset)
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_triton = on_processed_rows(block_speculative_sampling_triton)

@@ -15,7 +15,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import sanitize
 from ..drafts import at_draft_ids
-from ..from_logits import processed_inputs
+from ..from_logits import on_processed_rows
 from ...core.race import chunk_masses, num_chunks, sample_rows
 from ...core.sums import exact_total
 from ...core.randomness import request_uniforms
@@ -142,13 +142,5 @@ def block_speculative_sampling_reference(
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 
 
-def block_speculative_sampling_from_logits_reference(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p,
-) -> torch.Tensor:
-    """Block verification of the distributions the sampling parameters make of the logits
-    (chain/from_logits.py): the rows processed, then the steps above."""
-    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                 temperature, top_k, top_p, min_p)
-    return block_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs,
-                                                accepted_num, emitted_num, seed, offset)
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_reference = on_processed_rows(block_speculative_sampling_reference)

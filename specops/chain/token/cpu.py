@@ -16,7 +16,7 @@ from ..outputs import write_outputs
 from ...core.probs import rows_at, sanitize
 from ...core.probs import PROBABILITY_BOUND
 from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
-from ..from_logits import processed_inputs
+from ..from_logits import on_processed_rows
 from . import reference, slots
 
 # PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
@@ -142,13 +142,5 @@ def chain_speculative_sampling_cpu(
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
 
 
-def chain_speculative_sampling_from_logits_cpu(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p,
-) -> torch.Tensor:
-    """``reference.chain_speculative_sampling_from_logits_reference`` for CPU tensors: the rows
-    processed as the reference processes them, then this backend's verification."""
-    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                 temperature, top_k, top_p, min_p)
-    return chain_speculative_sampling_cpu(draft_probs, draft_token_ids, target_probs,
-                                          accepted_num, emitted_num, seed, offset)
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu)

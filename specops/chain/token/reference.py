@@ -14,7 +14,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import rows_at, sanitize
 from ..drafts import at_draft_ids
-from ..from_logits import processed_inputs
+from ..from_logits import on_processed_rows
 from ...core.race import sample_rows
 from ...core.randomness import request_uniforms
 from . import slots
@@ -100,13 +100,5 @@ def chain_speculative_sampling_reference(
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
 
 
-def chain_speculative_sampling_from_logits_reference(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p,
-) -> torch.Tensor:
-    """Token verification of the distributions the sampling parameters make of the logits
-    (chain/from_logits.py): the rows processed, then the steps above."""
-    draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                 temperature, top_k, top_p, min_p)
-    return chain_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs,
-                                                accepted_num, emitted_num, seed, offset)
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+chain_speculative_sampling_from_logits_reference = on_processed_rows(chain_speculative_sampling_reference)
