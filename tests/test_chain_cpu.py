@@ -11,13 +11,15 @@ from specops.core.race import chunk_masses
 
 @pytest.mark.parametrize("with_draft", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("dirt", ["clean", "q_bad", "p_negative", "p_nan", "p_posinf", "no_residual_mass"])
+@pytest.mark.parametrize("dirt", ["clean", "q_bad", "p_negative", "p_nan", "p_posinf",
+                                  "p_huge_over_q", "no_residual_mass"])
 @pytest.mark.parametrize("expanded", [False, True])
 def test_cpu_shortcut_gives_the_plain_rows(with_draft, dtype, dirt, expanded):
     """The CPU backend forms the sampled rows by a shortcut (the draft row gathered and checked,
     the target row added in place, p_e unchecked) and falls back to the reference's plain step 5
-    when a row mass is non-finite or a residual is empty. Where it does not fall back it must give
-    the reference's rows and chunk masses exactly; where it must fall back, it does."""
+    when a draft row is not clean, a row mass is non-finite or too large, or a residual is empty.
+    Where it does not fall back it must give the reference's rows and chunk masses exactly; where
+    it must fall back, it does."""
 
     batch, num_draft, vocab = 12, 3, 2500
     g = torch.Generator().manual_seed(7)
@@ -38,6 +40,9 @@ def test_cpu_shortcut_gives_the_plain_rows(with_draft, dtype, dirt, expanded):
         target[0, e[0], 5] = float("nan")
     elif dirt == "p_posinf":
         target[0, e[0], 9] = float("inf")
+    elif dirt == "p_huge_over_q":  # p counts as 0; p - q would not show it in the masses
+        target[rows, e, d_e] = 2.0**117  # PROBABILITY_BOUND: counts as 0
+        draft[rows, e_draft, d_e] = 2.0**116.9  # clean, and close to it
     elif dirt == "no_residual_mass":  # p_e <= q_e everywhere in row 0
         draft[0, e_draft[0]] = target[0, e[0]] + 0.25
     target, draft = target.to(dtype), draft.to(dtype)
@@ -50,7 +55,8 @@ def test_cpu_shortcut_gives_the_plain_rows(with_draft, dtype, dirt, expanded):
     plain_rows = reference.sampled_rows(draft, target, verdict)
     plain_masses = chunk_masses(plain_rows)
     shortcut = cpu.sampled_rows_fast(draft, target, verdict)
-    must_fall_back = dirt in ("p_nan", "p_posinf") or (dirt == "no_residual_mass" and with_draft)
+    must_fall_back = (dirt in ("p_nan", "p_posinf", "p_huge_over_q")
+                      or (dirt in ("q_bad", "no_residual_mass") and with_draft))
     if must_fall_back:
         assert shortcut is None
     else:
@@ -82,3 +88,35 @@ def test_cpu_backend_gives_the_reference_tokens(with_draft, dtype):
         results.append((implementation(draft, ids, target, *counters, seed, offset), *counters))
     for want, got in zip(*results):
         assert torch.equal(want, got)
+
+
+def run_both(draft, ids, target, seed, offset, counter_dtype=torch.int64):
+    """(output, accepted, emitted) of the reference and of the CPU backend on the same call."""
+    results = []
+    for implementation in (reference.chain_speculative_sampling_reference,
+                           cpu.chain_speculative_sampling_cpu):
+        counters = [torch.full((ids.shape[0],), 3, dtype=counter_dtype) for _ in range(2)]
+        seed_t = torch.tensor(seed, dtype=torch.int64).reshape(-1)
+        offset_t = torch.tensor(offset, dtype=torch.int64).reshape(-1)
+        results.append((implementation(draft, ids, target, *counters, seed_t, offset_t), *counters))
+    return results
+
+
+def assert_same(results):
+    for want, got in zip(*results):
+        assert got.dtype == want.dtype and torch.equal(want, got), (want, got)
+
+
+@pytest.mark.parametrize("batch", [1, 6])
+def test_target_values_too_large_under_large_draft_values(batch):
+    """A target value of PROBABILITY_BOUND counts as 0; a clean draft value just below it at the
+    same token makes p - q small, so the shortcut must notice it by the draft value's size."""
+    vocab, num_draft = 2048, 2
+    target = torch.full((batch, num_draft + 1, vocab), 1.0 / vocab)
+    draft = torch.full((batch, num_draft, vocab), 1.0 / vocab)
+    ids = torch.full((batch, num_draft), 5)
+    target[:, 0, 5] = 0.0  # the first draft is rejected
+    target[:, 0, 100] = 2.0**117
+    draft[:, 0, 100] = 2.0**116.9
+    for seed in range(20):
+        assert_same(run_both(draft, ids, target, seed, 0))

@@ -13,24 +13,26 @@ import functools
 import torch
 
 from ..outputs import write_outputs
-from ...core.probs import rows_at, sanitize
+from ...core.probs import rows_at
 from ...core.probs import PROBABILITY_BOUND
 from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from ..from_logits import on_processed_rows
 from . import reference, slots
 
-# PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
-_BOUND_BITS = (117 + 127) << 23
+# The shortcut subtracts draft rows from target rows it has not sanitised. A target value of
+# PROBABILITY_BOUND or more (which counts as 0) minus a draft value below half of it leaves at
+# least half of it, so with clean draft values below HALF_BOUND every such row has a chunk mass of
+# HALF_BOUND or more: those rows, and rows of such masses, take the plain path.
+HALF_BOUND = PROBABILITY_BOUND / 2
 
 
 def is_clean(rows: torch.Tensor) -> bool:
-    """True when every float32 value is in [0, PROBABILITY_BOUND) (and not -0.0): sanitize would
-    leave it as it is. From one pass over the bits: the bit patterns of those values are exactly
-    the int32 values in [0, _BOUND_BITS); NaN, infinities and negative numbers fall outside."""
+    """True when every float32 value is in [0, HALF_BOUND) (-0.0 included), from one pass: NaN
+    makes both ends NaN, and no comparison with NaN holds."""
     if rows.numel() == 0:
         return True
-    low, high = torch.aminmax(rows.view(torch.int32))
-    return int(low) >= 0 and int(high) < _BOUND_BITS
+    low, high = torch.aminmax(rows)
+    return low.item() >= 0 and high.item() < HALF_BOUND
 
 
 def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -62,12 +64,12 @@ def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -
 
 def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     """(rows, chunk masses) as ``reference.sampled_rows`` forms them, or None when that plain path
-    must run instead: some chunk mass is NaN, infinite or PROBABILITY_BOUND or more (a value that
-    counts as 0 may be in it), or some residual has no mass.
+    must run instead: a draft row is not clean, some chunk mass is NaN, infinite or HALF_BOUND or
+    more (a value that counts as 0 may be in it), or some residual has no mass.
 
     p_e is neither sanitised nor gathered: the relu of p_e - w q_e (w = 1 where the residual is
-    wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN or +inf shows as a non-finite
-    row mass, and p_e's rows are added to -w q_e where they lie.
+    wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN, +inf or too large value
+    shows in the chunk masses, and p_e's rows are added to -w q_e where they lie.
     """
     e, use_residual = verdict.e, verdict.residual_at_e
     if draft_probs is None:
@@ -76,12 +78,12 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     else:
         rows = gather_rows(draft_probs, e.clamp(max=draft_probs.shape[1] - 1))
         if not is_clean(rows):
-            rows = sanitize(rows)
+            return None
         rows.mul_(-use_residual[:, None].float())
         add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
     masses = chunk_masses(rows)
     largest = masses.amax(dim=1)  # NaN when any mass is
-    if bool((~(largest < PROBABILITY_BOUND) | (use_residual & (largest == 0))).any()):
+    if bool((~(largest < HALF_BOUND) | (use_residual & (largest == 0))).any()):
         return None
     return rows, masses
 
