@@ -166,11 +166,11 @@ def on_processed_rows(verify, process=params.processed_rows):
     """The from-logits backend of a verifier of probabilities: every row processed as
     ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch):
         draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
                                                      temperature, top_k, top_p, min_p, process)
         return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                      seed, offset)
+                      seed, offset, *launch)  # launch: a launcher's split, for warm-up and tests
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend
