@@ -67,3 +67,35 @@ def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab
     (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
         draft_mode, target, draft, ids, parameters(batch, sampling), seed, offset)
     assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
+    """Each row's statistics against core/logits.py directly: the tokens kept (theta <= x <= m)
+    are those the rule keeps, r is 1 / W of the rule's kept mass (to float32 rounding), a greedy
+    row's index is its argmax, and rows without mass are marked so: a threshold one step off fails
+    it even where the tokens sampled with one seed do not change."""
+    from specops.core import logits as rule
+    from specops.core.logits_launch import row_statistics
+
+    batch, positions, vocab = 6, 2, 300
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(batch, positions, vocab, generator=g) * 3).round(decimals=1).to(dtype)
+    logits[1, 0, 7] = torch.nan  # a NaN logit is never kept
+    logits[2, 1] = -torch.inf  # a row without a finite logit has no mass
+    t, k, p, m = parameters(batch, True)
+    stats = row_statistics(logits.to(DEVICE), t, k, p, m).cpu()
+    mode, peak, coef, theta, scale, index = stats.unbind(-1)
+    rows = logits.reshape(-1, vocab).float()
+    each = lambda v: v.cpu().repeat_interleave(positions)
+    expected = rule.processed_rows(rows, each(t), each(k), each(p), each(m))
+    valid, e = rule.weights(rows, each(t))
+    sampled = (each(t) > 0) & valid.any(-1)
+    kept = (rows >= theta[:, None].float()) & (rows <= peak[:, None].float())
+    assert torch.equal(kept[sampled], expected[sampled] > 0)
+    mass = rule.kept_mass(e, expected > 0)
+    # The kernel's float32 chunk sums add in its own order: r agrees to float32 rounding.
+    torch.testing.assert_close(scale[sampled], 1.0 / mass[sampled], rtol=1e-6, atol=0)
+    greedy = (each(t) == 0) & valid.any(-1)
+    assert torch.equal(index[greedy].long(), expected[greedy].argmax(-1))
+    assert torch.equal(mode == 0, ~valid.any(-1))
