@@ -1,0 +1,103 @@
+"""Vocabulary-parallel verification (specops.distributed) in real gloo process groups of 2 and 3
+ranks on loopback (tests/distributed_cases.py spawns them): the single-device tokens and counters
+bit for bit on chunk-aligned shards, the same on every rank, the distribution on shards that split
+chunks, a fixed number of small collectives whatever V, and bad layouts refused on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed_cases import spawn
+from specops.stats import chi2_pvalue
+
+P_THRESHOLD = 1e-4
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    return spawn(2, "two_ranks", tmp_path_factory.mktemp("two"))
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return spawn(3, "three_ranks", tmp_path_factory.mktemp("three"))
+
+
+def assert_exact(results):
+    for rank, result in enumerate(results):
+        assert len(result["exact"]) >= 8
+        for case, (ours, single) in result["exact"].items():
+            for name, a, b in zip(("tokens", "accepted", "emitted"), ours, single):
+                assert torch.equal(a, b), (f"rank {rank}, {case}: {name} {a.tolist()} differ from "
+                                           f"the single-device {b.tolist()}")
+
+
+def test_aligned_shards_give_the_single_device_tokens(two):
+    assert_exact(two)
+
+
+def test_aligned_shards_in_any_rank_order_and_on_a_subgroup(three):
+    assert_exact(three)
+    assert any(case.startswith("subgroup") for case in three[0]["exact"])
+
+
+def test_every_rank_returns_the_same_outputs_also_with_a_drawn_seed(three):
+    for result in three[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(result["drawn"], three[0]["drawn"]))
+        for case, (ours, _) in result["exact"].items():
+            assert all(torch.equal(a, b) for a, b in zip(ours, three[0]["exact"][case][0]))
+
+
+@pytest.mark.parametrize("mode", ["token", "block"])
+def test_shards_that_split_chunks_keep_the_distribution(three, mode):
+    p, first, second = three[0]["statistics"][mode]
+    assert chi2_pvalue(first, p[0]) > P_THRESHOLD
+    if mode == "token":  # the bonus token after an accepted draft follows p_1
+        assert chi2_pvalue(second, p[1]) > P_THRESHOLD
+    for other in three[1:]:
+        assert torch.equal(other["statistics"][mode][1], first)
+
+
+# The documented counts (docs/api.md, "Vocabulary-parallel verification").
+EXPECTED = {"token": 3, "block": 4, "token seed=None": 4, "logits plain": 5,
+            "logits top-k": 5 + 30, "logits all block": 6 + 30 + 31}
+
+
+@pytest.mark.parametrize("call", sorted(EXPECTED))
+def test_collectives_are_few_small_and_independent_of_the_vocabulary(two, call):
+    for rank, result in enumerate(two):
+        small, large = result["collectives"][call]
+        assert small == large, f"rank {rank}, {call}: the collectives change with V"
+        assert len(small) == EXPECTED[call], (call, small)
+        batch, positions = 4, 4  # B, N + 1 of the recorded calls
+        rows = batch * (positions + positions - 1)  # target and draft rows
+        assert max(numel for _, numel, _ in small) <= 10 * rows, small
+        assert small[0][0] == "all_gather"  # the layout exchange comes first
+
+
+def messages(two, case):
+    return [result["bad"][case] for result in two]
+
+
+@pytest.mark.parametrize("case, argument", [
+    ("gap", "vocab_start"), ("overlap", "vocab_start"), ("start outside", "vocab_start"),
+    ("short of vocab_size", "vocab_start"), ("batch", "target_probs"),
+    ("num_draft", "target_probs"), ("vocab_size", "vocab_size"),
+    ("negative vocab_start", "vocab_start"),
+])
+def test_bad_layouts_raise_a_value_error_naming_the_argument_on_every_rank(two, case, argument):
+    for outcome in messages(two, case):
+        assert outcome is not None, f"{case}: a rank did not raise"
+        kind, message = outcome
+        assert kind == "ValueError" and argument in message, outcome
+
+
+def test_a_rank_refusing_its_own_arguments_is_named_on_the_others(two):
+    (kind0, message0), (kind1, message1) = messages(two, "local")
+    assert kind1 == "TypeError" and message1.startswith("draft_token_ids")
+    assert kind0 == "ValueError" and "draft_token_ids" in message0 and "rank 1" in message0
+
+
+def test_the_group_works_after_refusals(two):
+    assert messages(two, "good") == [None, None]
