@@ -20,7 +20,7 @@ from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart
 from ..chain.from_logits import check_logits_arguments
 from ..core import logits as params
 from ..core.seeding import SeedLike, resolve_seed_and_offset
-from . import comm
+from .comm import Layout, Record, broadcast_from_first, exchange_layout, refused_index, resolve_group
 from .logits import TOP_K_ROUNDS, TOP_P_ROUNDS, processed_inputs
 from .shards import Shard
 from .verify import VERIFIERS
@@ -70,21 +70,21 @@ def _device(tensor, group) -> torch.device:
 def _run(prepare, shard_tensor, group, names, finish):
     """Local checks (``prepare``: the checked arguments and this rank's Record), the layout
     exchange, the seed, then ``finish(shard, arguments)``."""
-    group = comm.resolve_group(group)
+    group = resolve_group(group)
     try:
         arguments, record = prepare()
         error = None
     except (TypeError, ValueError) as err:
-        arguments, record, error = None, comm.Record(refused=comm.refused_index(err)), err
-    layout = comm.exchange_layout(record, error, names, group, _device(shard_tensor, group))
+        arguments, record, error = None, Record(refused=refused_index(err)), err
+    layout = exchange_layout(record, error, names, group, _device(shard_tensor, group))
     if layout is None:  # under CUDA-graph capture: the eager warm-up call checked the layout
         if record.vocab_size < 0:
             raise ValueError("vocab_size must be given under CUDA-graph capture: the shards' "
                              "widths cannot be exchanged there")
         width = min(record.width, record.vocab_size - record.vocab_start)
-        layout = comm.Layout(record.vocab_size, record.vocab_start, width)
+        layout = Layout(record.vocab_size, record.vocab_start, width)
     if record.seed_drawn:  # one draw for the group, so that every rank uses the same numbers
-        drawn = comm.broadcast_from_first(torch.cat([arguments["seed"], arguments["offset"]]), group)
+        drawn = broadcast_from_first(torch.cat([arguments["seed"], arguments["offset"]]), group)
         arguments["seed"], arguments["offset"] = drawn[:1], drawn[1:]
     shard = Shard(layout.vocab_start, layout.width, layout.vocab_size, group)
     return finish(shard, arguments)
@@ -92,7 +92,7 @@ def _run(prepare, shard_tensor, group, names, finish):
 
 def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, rounds=0):
     batch, positions, width = target.shape
-    return comm.Record(0, vocab_start, width, batch, positions - 1, vocab_size,
+    return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
                        PROB_DTYPES.index(target.dtype), draft_kind,
                        VERIFICATIONS.index(verification), int(seed is None), rounds)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..core import logits as params
 from ..chain.from_logits import per_row
-from . import comm
+from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
 
 BISECTION_ROUNDS = 30  # bit patterns of [0, 1] lie below 2**30
@@ -50,7 +50,7 @@ def top_k_threshold(shard: Shard, e, keep, top_k) -> torch.Tensor:
 
     def enough(above: torch.Tensor) -> torch.Tensor:
         count = (keep & above).sum(dim=-1)
-        return comm.all_reduce(count, dist.ReduceOp.SUM, shard.group) >= k
+        return all_reduce(count, dist.ReduceOp.SUM, shard.group) >= k
 
     threshold = bisect(e, enough)
     return torch.where(((k > 0) & (k < shard.vocab))[:, None], threshold, -1.0)
@@ -70,7 +70,7 @@ def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
     peak = masked.amax(dim=-1)
     columns = torch.arange(shard.width, device=x.device) + shard.start
     first = torch.where(valid & (masked == peak[:, None]), columns, shard.vocab).amin(dim=-1)
-    every = comm.all_gather(torch.stack([peak.double(), first.double()], dim=-1), shard.group)
+    every = all_gather(torch.stack([peak.double(), first.double()], dim=-1), shard.group)
     best = every[..., 0].amax(dim=0)
     argmax = torch.where(every[..., 0] == best, every[..., 1], torch.inf).amin(dim=0)
     return best.float()[:, None], torch.where(torch.isfinite(best), argmax, -1.0).long()

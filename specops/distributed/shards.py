@@ -22,7 +22,7 @@ from ..core.probs import sanitize
 from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
 from ..core.randomness import uniforms_at
 from ..chain.drafts import at_draft_ids
-from . import comm
+from .comm import all_gather, all_reduce
 
 
 class Shard(NamedTuple):
@@ -55,7 +55,7 @@ def values_at_ids(shard: Shard, probs: torch.Tensor, ids: torch.Tensor) -> torch
 
 def exchanged_values(shard: Shard, values: torch.Tensor) -> torch.Tensor:
     """The SUM over the ranks of ``values_at_ids`` shares, of several tensors stacked."""
-    return comm.all_reduce(values, dist.ReduceOp.SUM, shard.group)
+    return all_reduce(values, dist.ReduceOp.SUM, shard.group)
 
 
 def piece_starts(shard: Shard, device) -> torch.Tensor:
@@ -115,7 +115,7 @@ def race(shard: Shard, rows: torch.Tensor, seed, offset, first_race_slot: int,
     starts = piece_starts(shard, rows.device)[piece]
     in_piece = inverse_cdf(piece_values(shard, flat, piece), u_cdf.repeat(many))
     mine = torch.stack([key, starts.double(), (starts + in_piece).double()], dim=-1)
-    every = comm.all_gather(mine, shard.group)  # (world, M * B, 3)
+    every = all_gather(mine, shard.group)  # (world, M * B, 3)
     best = every[..., 0].amin(dim=0)
     lowest = torch.where(every[..., 0] == best, every[..., 1], torch.inf).argmin(dim=0)
     token = every[..., 2].gather(0, lowest[None]).squeeze(0).long()
@@ -126,5 +126,5 @@ def exact_totals(shard: Shard, masses: torch.Tensor) -> torch.Tensor:
     """The exact sum over every rank's pieces of the float32 piece masses (..., P): float64
     (...), one all_reduce of the int64 bins (core/sums.py: integer sums, so the grouping of the
     pieces over ranks cannot change them)."""
-    bins = comm.all_reduce(sums.bins_of(masses), dist.ReduceOp.SUM, shard.group)
+    bins = all_reduce(sums.bins_of(masses), dist.ReduceOp.SUM, shard.group)
     return sums.to_float(sums.normalise(bins))
