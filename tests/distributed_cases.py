@@ -23,8 +23,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"
                "send", "recv", "isend", "irecv")
 
 
-def _worker(rank: int, world: int, store_path: str, out_path: str, scenario: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+def _worker(rank: int, world: int, store_path: str, out_path: str, scenario: str,
+            backend: str) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                             world_size=world, timeout=TIMEOUT)
     try:
         results = globals()[scenario](rank, world)
@@ -34,12 +37,14 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, scenario: str
     dist.destroy_process_group()
 
 
-def spawn(world: int, scenario: str, tmp_path, timeout: float = 150.0) -> list[dict]:
-    """Run ``scenario`` on ``world`` gloo ranks; every rank's results, in rank order."""
+def spawn(world: int, scenario: str, tmp_path, timeout: float = 150.0,
+          backend: str = "gloo") -> list[dict]:
+    """Run ``scenario`` on ``world`` ranks (gloo; nccl: one GPU each); every rank's results, in
+    rank order."""
     context = mp.get_context("spawn")
     out = str(tmp_path / scenario)
     processes = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), out,
-                                                       scenario)) for r in range(world)]
+                                                       scenario, backend)) for r in range(world)]
     for p in processes:
         p.start()
     for p in processes:
@@ -341,6 +346,49 @@ def three_ranks(rank, world):
     statistics = {mode: first_tokens(rank, [(0, 700), (700, 1500), (1500, 2000)], 2000, mode)
                   for mode in ("token", "block")}
     return {"exact": results, "drawn": drawn, "statistics": statistics}
+
+
+def nccl_graph(rank, world):
+    """A call captured in a CUDA graph with its NCCL collectives: replays give the eager tokens,
+    and follow seeds and offsets updated in place."""
+    import specops.distributed as sd
+
+    width, device = 2048, torch.device("cuda", rank)
+    vocab = width * world - 100  # the last shard padded
+    draft, ids, target, draft_pad, target_pad = chain_inputs(8, 3, vocab, 9, width * world)
+    start = rank * width
+    draft_shard = draft_pad[..., start:start + width].to(device)
+    target_shard = target_pad[..., start:start + width].to(device)
+    ids = ids.to(device)
+    seeds = torch.arange(8, dtype=torch.int64, device=device) + 40
+    offsets = torch.zeros(8, dtype=torch.int64, device=device)
+    outcomes = {}
+    for verification in ("token", "block"):
+        accepted = torch.zeros(8, dtype=torch.int64, device=device)
+        emitted = torch.zeros(8, dtype=torch.int64, device=device)
+
+        def step():
+            return sd.chain_speculative_sampling(
+                draft_shard, ids, target_shard, accepted, emitted, seed=seeds, offset=offsets,
+                verification=verification, vocab_start=start, vocab_size=vocab)[0]
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            eager = step().clone()  # warm-up: checks the layout, which capture cannot
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        graph.replay()
+        same = torch.equal(captured, eager)
+        offsets += 1
+        graph.replay()
+        replayed = captured.clone()
+        moved = torch.equal(replayed, step())
+        offsets.zero_()
+        outcomes[verification] = (same, moved)
+    return outcomes
 
 
 def run_all(world):

@@ -110,3 +110,13 @@ def test_gpu_check_without_cuda_says_so_in_one_line(tmp_path):
     proc = run_script([str(BENCH / "gpu_check.py")], 60, env={"OUT": str(tmp_path)})
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "no CUDA device is visible" in proc.stderr and "--rehearse" in proc.stderr
+
+
+def test_vocab_parallel_quick():
+    """benchmarks/vocab_parallel.py --quick: 2 gloo ranks, both methods, the bytes each sends."""
+    proc = run_script([str(BENCH / "vocab_parallel.py"), "--quick"], 120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
+    assert [line.split("|")[4].strip() for line in lines] == ["gather", "vocab-parallel"]
+    gather, parallel = (int(line.split("|")[6].strip().replace(",", "")) for line in lines)
+    assert parallel * 100 < gather  # O(B (N + 1)) against O(B (N + 1) V)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from distributed_cases import spawn
 from specops.stats import chi2_pvalue
@@ -101,3 +102,14 @@ def test_a_rank_refusing_its_own_arguments_is_named_on_the_others(two):
 
 def test_the_group_works_after_refusals(two):
     assert messages(two, "good") == [None, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                    reason="needs a CUDA device and NCCL")
+def test_cuda_graph_capture_with_nccl_collectives(tmp_path):
+    world = min(2, torch.cuda.device_count())
+    for rank, result in enumerate(spawn(world, "nccl_graph", tmp_path, backend="nccl")):
+        for verification, (same, follows) in result.items():
+            assert same, f"rank {rank}, {verification}: a replay differs from the eager call"
+            assert follows, f"rank {rank}, {verification}: a replay ignores the new offsets"

@@ -59,12 +59,12 @@ def exchanged_values(shard: Shard, values: torch.Tensor) -> torch.Tensor:
 
 
 def piece_starts(shard: Shard, device) -> torch.Tensor:
-    """The global column each piece starts at: (P,) int64."""
-    body = torch.arange(num_chunks(shard.width - shard.head), device=device) * CHUNK_SIZE
-    body = body + shard.start + shard.head
-    if not shard.head:
-        return body
-    return torch.cat([torch.tensor([shard.start], device=device), body])
+    """The global column each piece starts at: (P,) int64. Built by arithmetic on an arange,
+    without a host-to-device copy, so that a CUDA graph can capture it."""
+    pieces = int(shard.head > 0) + num_chunks(shard.width - shard.head)
+    index = torch.arange(pieces, device=device) - int(shard.head > 0)
+    # The head piece (index -1) would start CHUNK_SIZE - head before the shard: it starts at it.
+    return (shard.start + shard.head + index * CHUNK_SIZE).clamp(min=shard.start)
 
 
 def piece_slots(shard: Shard, first_race_slot: int, device) -> torch.Tensor:
