@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number
+from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_checks
 from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart
 from ..chain.from_logits import check_logits_arguments
 from ..core import logits as params
@@ -27,14 +27,6 @@ from .verify import VERIFIERS
 
 # The caller's names of the arguments a layout error names where they differ from comm's.
 _LOGITS_NAMES = {"target_probs": "target_logits"}
-
-
-def _counters(accepted, emitted, batch, device):
-    if accepted is None:
-        accepted = torch.zeros(batch, dtype=torch.int32, device=device)
-    if emitted is None:
-        emitted = torch.zeros(batch, dtype=torch.int32, device=device)
-    return accepted, emitted
 
 
 def _shard_arguments(vocab_start, vocab_size) -> tuple[int, int]:
@@ -128,14 +120,9 @@ def chain_speculative_sampling(
     """
 
     def prepare():
-        if verification not in VERIFICATIONS:
-            raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
-        if not isinstance(target_probs, torch.Tensor):
-            raise TypeError(f"target_probs must be a tensor; got {type(target_probs).__name__}")
-        device = target_probs.device
-        accepted, emitted = _counters(maybe_output_accepted_token_num,
-                                      maybe_output_emitted_draft_token_num,
-                                      target_probs.shape[0] if target_probs.dim() else 0, device)
+        device, accepted, emitted = opening_checks(verification, target_probs, "target_probs",
+                                                   maybe_output_accepted_token_num,
+                                                   maybe_output_emitted_draft_token_num)
         seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
         check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                         target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
@@ -193,14 +180,9 @@ def chain_speculative_sampling_from_logits(
     """
 
     def prepare():
-        if verification not in VERIFICATIONS:
-            raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
-        if not isinstance(target_logits, torch.Tensor):
-            raise TypeError(f"target_logits must be a tensor; got {type(target_logits).__name__}")
-        device = target_logits.device
-        accepted, emitted = _counters(maybe_output_accepted_token_num,
-                                      maybe_output_emitted_draft_token_num,
-                                      target_logits.shape[0] if target_logits.dim() else 0, device)
+        device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
+                                                   maybe_output_accepted_token_num,
+                                                   maybe_output_emitted_draft_token_num)
         seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
         parameters = {name: params.as_parameter(name, value, device, None)
                       for name, value in (("temperature", temperature), ("top_k", top_k),

@@ -17,14 +17,19 @@ from ..core.randomness import request_uniforms
 from .shards import Shard, exact_totals, exchanged_values, piece_masses, race, values_at_ids
 
 
-def draft_values(shard: Shard, draft_probs, target_probs, ids):
-    """(p[d], q[d]) at every draft id (B, N), sanitised, from the rank that owns each id (one
-    all_reduce); q is None for one-hot drafts."""
+def read_drafts(shard: Shard, draft_probs, draft_token_ids, target_probs, seed, offset,
+                first_race_slot: int):
+    """What both verifications start with: each request's uniforms below its race slots
+    (B, first_race_slot), and (p[d], q[d]) at every draft id (B, N), sanitised, from the rank
+    that owns each id (one all_reduce); q is None for one-hot drafts."""
+    batch = draft_token_ids.shape[0]
+    uniforms = request_uniforms(seed, offset, batch, first_race_slot)
+    ids = draft_token_ids.long()
     shares = [values_at_ids(shard, target_probs, ids)]
     if draft_probs is not None:
         shares.append(values_at_ids(shard, draft_probs, ids))
     values = exchanged_values(shard, torch.stack(shares))
-    return values[0], (values[1] if draft_probs is not None else None)
+    return uniforms, values[0], (values[1] if draft_probs is not None else None)
 
 
 def without_draft_token(shard: Shard, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -38,10 +43,9 @@ def without_draft_token(shard: Shard, rows: torch.Tensor, ids: torch.Tensor) -> 
 def token_verification(shard: Shard, draft_probs, draft_token_ids, target_probs, accepted_num,
                        emitted_num, seed, offset) -> torch.Tensor:
     """chain/token/reference.py on shards: output (B, N + 1) int32, counters added to."""
-    batch, num_draft = draft_token_ids.shape
-    uniforms = request_uniforms(seed, offset, batch, token_slots.race_slot(num_draft, 0))
-    ids = draft_token_ids.long()
-    p_d, q_d = draft_values(shard, draft_probs, target_probs, ids)
+    num_draft = draft_token_ids.shape[1]
+    uniforms, p_d, q_d = read_drafts(shard, draft_probs, draft_token_ids, target_probs, seed,
+                                     offset, token_slots.race_slot(num_draft, 0))
     verdict = token_reference.verdict_of(draft_token_ids, shard.vocab, p_d, q_d, uniforms)
 
     # Step 5 on this shard: both candidate rows race, and the residual's token is used where it
@@ -64,9 +68,9 @@ def block_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
                        emitted_num, seed, offset) -> torch.Tensor:
     """chain/block/reference.py on shards: output (B, N + 1) int32, counters added to."""
     batch, num_draft = draft_token_ids.shape
-    uniforms = request_uniforms(seed, offset, batch, block_slots.race_slot(num_draft, 0))
+    uniforms, p_d, q_d = read_drafts(shard, draft_probs, draft_token_ids, target_probs, seed,
+                                     offset, block_slots.race_slot(num_draft, 0))
     ids = draft_token_ids.long()
-    p_d, q_d = draft_values(shard, draft_probs, target_probs, ids)
     drafts = block_reference.drafts_of(draft_token_ids, shard.vocab, p_d, q_d, uniforms)
 
     if draft_probs is None:
