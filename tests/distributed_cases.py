@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 import traceback
 
 import torch
@@ -255,11 +256,15 @@ def bad_inputs(rank, world):
     outcomes = {}
 
     def attempt(name, call):
+        begin = time.monotonic()
         try:
             call()
             outcomes[name] = None
         except (ValueError, TypeError) as err:
             outcomes[name] = (type(err).__name__, str(err))
+        seconds[name] = time.monotonic() - begin
+
+    seconds = {}
 
     for name, layout in cases.items():
         start, end = layout[rank]
@@ -284,7 +289,10 @@ def bad_inputs(rank, world):
     # After every refusal the group still works: no rank is left inside a collective.
     attempt("good", lambda: sd.chain_speculative_sampling(
         None, ids, target[..., start:end], seed=0, vocab_start=start))
-    return outcomes
+    attempt("empty batch", lambda: sd.chain_speculative_sampling_from_logits(
+        None, ids[:0], target[:0, :, start:end], top_k=torch.tensor([3]), top_p=0.5, seed=0,
+        verification="block", vocab_start=start))
+    return outcomes, seconds
 
 
 def two_ranks(rank, world):
@@ -292,6 +300,8 @@ def two_ranks(rank, world):
     every case against the single-device call; the collectives; bad input."""
     layout = [(0, 2048), (2048, 3072)]
     results = probabilities_cases(rank, layout, 3000, 3072)
+    results.update(probabilities_cases(rank, [(0, 2048), (2048, 4096)], 4096, 4096,
+                                       prefix="equal shards "))
     results.update(logits_cases(rank, layout, 3000, 3072))
     return {"exact": results, "collectives": collective_records(rank, world),
             "bad": bad_inputs(rank, world)}
@@ -324,6 +334,24 @@ def first_tokens(rank, layout, vocab, verification, calls=4, batch=5000):
     return p, first, second
 
 
+def processed_on_unaligned_shards(rank, layout, vocab):
+    """This rank's columns of the target's and the draft's processed rows (every parameter, as
+    tensors), and the single-device rows: shards that cut chunks keep the same tokens, weights
+    within a rounding."""
+    from specops.chain.from_logits import processed_inputs
+    from specops.distributed import logits
+
+    start, end = layout[rank]
+    draft, _, target, _, _ = logits_inputs(6, 2, vocab, 8, vocab)
+    parameters = PARAMETER_SETS["all tensors"]
+    values = [parameters[name] for name in ("temperature", "top_k", "top_p", "min_p")]
+    shard = logits.Shard(start, end - start, vocab, dist.group.WORLD)
+    ours = logits.processed_inputs(shard, None, target[..., start:end], draft[..., start:end],
+                                   *values, logits.TOP_K_ROUNDS | logits.TOP_P_ROUNDS)
+    single = processed_inputs(None, target, draft, *values)
+    return ours, tuple(t[..., start:end] for t in single)
+
+
 def three_ranks(rank, world):
     """Chunk-aligned shards in another rank order, a subgroup, seed=None, and the distribution of
     tokens with shard boundaries inside chunks."""
@@ -343,9 +371,10 @@ def three_ranks(rank, world):
     torch.manual_seed(rank)  # different generators: only the first rank's draw may count
     drawn = sd.chain_speculative_sampling(draft[..., start:end], ids, target[..., start:end],
                                           vocab_start=start)
+    processed = processed_on_unaligned_shards(rank, unaligned, 3000)
     statistics = {mode: first_tokens(rank, [(0, 700), (700, 1500), (1500, 2000)], 2000, mode)
                   for mode in ("token", "block")}
-    return {"exact": results, "drawn": drawn, "statistics": statistics}
+    return {"exact": results, "drawn": drawn, "statistics": statistics, "processed": processed}
 
 
 def nccl_graph(rank, world):

@@ -60,6 +60,15 @@ def test_shards_that_split_chunks_keep_the_distribution(three, mode):
         assert torch.equal(other["statistics"][mode][1], first)
 
 
+def test_shards_that_split_chunks_process_logits_as_one_device_does(three):
+    """Every parameter at once, shards cut at 700 and 1500: the same kept tokens, the same
+    weights within float32 rounding of the kept mass (summed over other groups of columns)."""
+    for rank, result in enumerate(three):
+        for ours, single in zip(*result["processed"]):
+            assert torch.equal(ours > 0, single > 0), f"rank {rank}: other tokens kept"
+            torch.testing.assert_close(ours, single, rtol=1e-6, atol=0)
+
+
 # The documented counts (docs/api.md, "Vocabulary-parallel verification").
 EXPECTED = {"token": 3, "block": 4, "token seed=None": 4, "logits plain": 5,
             "logits top-k": 5 + 30, "logits all block": 6 + 30 + 31}
@@ -78,7 +87,16 @@ def test_collectives_are_few_small_and_independent_of_the_vocabulary(two, call):
 
 
 def messages(two, case):
-    return [result["bad"][case] for result in two]
+    return [result["bad"][0][case] for result in two]
+
+
+def test_refusals_come_at_once_not_after_a_timeout(two):
+    for result in two:
+        assert max(result["bad"][1].values()) < 10, result["bad"][1]  # the group's timeout: 60 s
+
+
+def test_an_empty_batch_runs(two):
+    assert messages(two, "empty batch") == [None, None]
 
 
 @pytest.mark.parametrize("case, argument", [

@@ -92,7 +92,7 @@ def piece_values(shard: Shard, rows: torch.Tensor, piece: torch.Tensor) -> torch
     head = shard.head
     body = rows[:, head:]
     body = torch.nn.functional.pad(body, (0, -body.shape[1] % CHUNK_SIZE))
-    pieces = body.reshape(batch, -1, CHUNK_SIZE)
+    pieces = body.reshape(batch, body.shape[1] // CHUNK_SIZE, CHUNK_SIZE)  # B = 0 too
     if head:
         first = torch.nn.functional.pad(rows[:, :head], (0, CHUNK_SIZE - head))
         pieces = torch.cat([first[:, None], pieces], dim=1)
