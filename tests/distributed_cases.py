@@ -364,6 +364,21 @@ def three_ranks(rank, world):
         halves = [(0, 1024), None, (1024, 2048)]
         results.update(probabilities_cases(rank, halves, 1500, 2048, group=subgroup,
                                            prefix="subgroup "))
+    # Boundaries inside chunks decide the pieces; more ranks with the same ones change nothing.
+    draft, ids, target, _, _ = chain_inputs(6, 3, 2000, 6)
+    three_way = [(0, 700), (700, 1024), (1024, 2000)]
+    two_way = [(0, 700), None, (700, 2000)]
+    for verification in ("token", "block"):
+        start, end = three_way[rank]
+        on_three = sd.chain_speculative_sampling(draft[..., start:end], ids, target[..., start:end],
+                                                 seed=8, verification=verification,
+                                                 vocab_start=start)
+        if rank != 1:
+            start, end = two_way[rank]
+            on_two = sd.chain_speculative_sampling(
+                draft[..., start:end], ids, target[..., start:end], seed=8,
+                verification=verification, vocab_start=start, group=subgroup)
+            results[f"3 ranks against 2, {verification}"] = (on_three, on_two)
     # seed=None: one draw for the group, the same tokens on every rank.
     draft, ids, target, _, _ = chain_inputs(6, 3, 3000, 5)
     unaligned = [(0, 700), (700, 1500), (1500, 3000)]

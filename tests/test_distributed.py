@@ -39,8 +39,11 @@ def test_aligned_shards_give_the_single_device_tokens(two):
 
 
 def test_aligned_shards_in_any_rank_order_and_on_a_subgroup(three):
+    """Also: shards cut inside chunks at the same places give the same tokens on 3 ranks as on
+    a subgroup of 2 (the number of ranks never matters beyond where boundaries fall)."""
     assert_exact(three)
     assert any(case.startswith("subgroup") for case in three[0]["exact"])
+    assert any(case.startswith("3 ranks against 2") for case in three[0]["exact"])
 
 
 def test_every_rank_returns_the_same_outputs_also_with_a_drawn_seed(three):

@@ -44,7 +44,10 @@ def resolve_group(group):
     if not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised; call "
                          "torch.distributed.init_process_group first")
-    return dist.group.WORLD if group is None else group
+    group = dist.group.WORLD if group is None else group
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the process group it passed")
+    return group
 
 
 # ------------------------------------------------------------------------------- the layout
