@@ -1,12 +1,13 @@
 """Vocabulary-parallel verification against all-gather + the single-device call, per call.
 
-    python benchmarks/vocab_parallel.py            # 2 gloo ranks on CPU, the table of performance.md
+    python benchmarks/vocab_parallel.py            # 2 gloo ranks on CPU: performance.md's table
     python benchmarks/vocab_parallel.py --quick    # a small size, a few seconds
 
 Both sides start from each rank's shards, (B, N + 1, V / 2) target and (B, N, V / 2) draft
-probabilities. "gather" all-gathers the shards into the full rows (what engines do today) and
-runs specops.chain_speculative_sampling; "vocab-parallel" runs specops.distributed's. Reported per
-call: the median time over the ranks' slowest, and the bytes each rank hands to collectives (its
+probabilities. "all-gather + single device" all-gathers the shards into the full rows (what
+engines do today) and runs specops.chain_speculative_sampling; "vocab-parallel" runs
+specops.distributed's. Reported per call: the median over the repetitions of the slower rank's
+time, and the bytes each rank hands to collectives (its
 own tensors; an all-gather then delivers world - 1 times that to every rank), recorded by wrapping
 torch.distributed's functions.
 """
@@ -74,7 +75,7 @@ def worker(rank: int, store: str, shapes: list, reps: int, queue) -> None:
         ids = torch.randint(0, vocab, (batch, num_draft), generator=g)
         start = rank * width
         calls = {
-            "gather": lambda: specops.chain_speculative_sampling(
+            "all-gather + single device": lambda: specops.chain_speculative_sampling(
                 gathered(draft), ids, gathered(target), seed=1),
             "vocab-parallel": lambda: sd.chain_speculative_sampling(
                 draft, ids, target, seed=1, vocab_start=start, vocab_size=vocab),
@@ -115,8 +116,9 @@ def main(argv=None) -> None:
     print("| ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for index, (batch, num_draft, vocab, name, _, moved, count) in enumerate(results[0]):
         slowest = [max(results[r][index][4][i] for r in results) for i in range(reps)]
-        print(f"| {batch} | {num_draft} | {vocab} | {name} | {statistics.median(slowest) * 1e3:.2f} "
-              f"| {moved:,} | {count} |")
+        milliseconds = statistics.median(slowest) * 1e3
+        print(f"| {batch} | {num_draft} | {vocab} | {name} | {milliseconds:.2f} | {moved:,} "
+              f"| {count} |")
 
 
 if __name__ == "__main__":

@@ -178,29 +178,28 @@ def logits_cases(rank, layout, vocab, padded_to, group=None):
     start, end = shard_of(layout, rank)
     draft, ids, target, draft_pad, target_pad = logits_inputs(6, 2, vocab, 3, padded_to)
     draft_probs = torch.softmax(draft, -1)
-    results = {}
+    draft_probs_pad = torch.nn.functional.pad(draft_probs, (0, padded_to - vocab))
+    # (draft_probs, draft_logits) of the single-device call and of this rank's shard.
+    sources = {"draft_logits": ((None, draft), (None, draft_pad[..., start:end])),
+               "draft_probs": ((draft_probs, None), (draft_probs_pad[..., start:end], None)),
+               "greedy drafts": ((None, None), (None, None))}
     # Every source and parameter set with token verification; block verification shares the
     # processed rows, so two of its combinations suffice.
-    combinations = [("token", source, name) for source in ("draft_logits", "draft_probs",
-                                                           "greedy drafts")
-                    for name in PARAMETER_SETS]
-    combinations += [("block", "draft_logits", "all tensors"), ("block", "greedy drafts", "numbers")]
+    combinations = [("token", source, name) for source in sources for name in PARAMETER_SETS]
+    combinations += [("block", "draft_logits", "all tensors"),
+                     ("block", "greedy drafts", "numbers")]
+    results = {}
     for verification, source, name in combinations:
-                parameters = PARAMETER_SETS[name]
-                single_draft = {"draft_logits": (None, draft), "draft_probs": (draft_probs, None),
-                                "greedy drafts": (None, None)}[source]
-                shard_draft = {"draft_logits": (None, draft_pad[..., start:end]),
-                               "draft_probs": (torch.nn.functional.pad(
-                                   draft_probs, (0, padded_to - vocab))[..., start:end], None),
-                               "greedy drafts": (None, None)}[source]
-                single = specops.chain_speculative_sampling_from_logits(
-                    single_draft[0], ids, target, draft_logits=single_draft[1], seed=21,
-                    verification=verification, **parameters)
-                ours = sd.chain_speculative_sampling_from_logits(
-                    shard_draft[0], ids, target_pad[..., start:end],
-                    draft_logits=shard_draft[1], seed=21, verification=verification,
-                    vocab_start=start, vocab_size=vocab, group=group, **parameters)
-                results[f"logits {verification} {source} {name}"] = (ours, single)
+        (single_probs, single_logits), (shard_probs, shard_logits) = sources[source]
+        parameters = PARAMETER_SETS[name]
+        single = specops.chain_speculative_sampling_from_logits(
+            single_probs, ids, target, draft_logits=single_logits, seed=21,
+            verification=verification, **parameters)
+        ours = sd.chain_speculative_sampling_from_logits(
+            shard_probs, ids, target_pad[..., start:end], draft_logits=shard_logits, seed=21,
+            verification=verification, vocab_start=start, vocab_size=vocab, group=group,
+            **parameters)
+        results[f"logits {verification} {source} {name}"] = (ours, single)
     return results
 
 

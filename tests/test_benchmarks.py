@@ -117,6 +117,7 @@ def test_vocab_parallel_quick():
     proc = run_script([str(BENCH / "vocab_parallel.py"), "--quick"], 120)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
-    assert [line.split("|")[4].strip() for line in lines] == ["gather", "vocab-parallel"]
+    methods = [line.split("|")[4].strip() for line in lines]
+    assert methods == ["all-gather + single device", "vocab-parallel"]
     gather, parallel = (int(line.split("|")[6].strip().replace(",", "")) for line in lines)
     assert parallel * 100 < gather  # O(B (N + 1)) against O(B (N + 1) V)

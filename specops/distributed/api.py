@@ -20,7 +20,8 @@ from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart
 from ..chain.from_logits import check_logits_arguments
 from ..core import logits as params
 from ..core.seeding import SeedLike, resolve_seed_and_offset
-from .comm import Layout, Record, broadcast_from_first, exchange_layout, refused_index, resolve_group
+from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
+                   resolve_group)
 from .logits import TOP_K_ROUNDS, TOP_P_ROUNDS, processed_inputs
 from .shards import Shard
 from .verify import VERIFIERS
@@ -83,10 +84,11 @@ def _run(prepare, shard_tensor, group, names, finish):
 
 
 def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, rounds=0):
+    """This rank's Record of a call whose local checks passed."""
     batch, positions, width = target.shape
     return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
-                       PROB_DTYPES.index(target.dtype), draft_kind,
-                       VERIFICATIONS.index(verification), int(seed is None), rounds)
+                  PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
+                  int(seed is None), rounds)
 
 
 def _cut(tensor, width):
@@ -135,8 +137,8 @@ def chain_speculative_sampling(
 
     def finish(shard, a):
         output = VERIFIERS[verification](
-            shard, _cut(draft_probs, shard.width), draft_token_ids, _cut(target_probs, shard.width),
-            a["accepted"], a["emitted"], a["seed"], a["offset"])
+            shard, _cut(draft_probs, shard.width), draft_token_ids,
+            _cut(target_probs, shard.width), a["accepted"], a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]
 
     return _run(prepare, target_probs, group, {}, finish)
@@ -198,10 +200,9 @@ def chain_speculative_sampling_from_logits(
                                   _rounds(top_k, top_p))
 
     def finish(shard, a):
-        rounds = _rounds(top_k, top_p)
-        draft, target = processed_inputs(shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
-                                         _cut(draft_logits, shard.width), *a["parameters"].values(),
-                                         rounds)
+        draft, target = processed_inputs(
+            shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
+            _cut(draft_logits, shard.width), *a["parameters"].values(), _rounds(top_k, top_p))
         output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
                                          a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]

@@ -89,8 +89,9 @@ def block_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
 
     index = torch.arange(batch, device=rows.device)
     u_cdf = uniforms[:, block_slots.cdf_slot(num_draft)]
-    from_row, from_p = race(shard, torch.stack([rows[index, tau], sanitize(target_probs[index, tau])]),
-                            seed, offset, block_slots.race_slot(num_draft, 0), u_cdf)
+    candidates = torch.stack([rows[index, tau], sanitize(target_probs[index, tau])])
+    from_row, from_p = race(shard, candidates, seed, offset, block_slots.race_slot(num_draft, 0),
+                            u_cdf)
     token = torch.where(from_row >= 0, from_row, from_p)  # R_tau without mass: from p_tau
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 
