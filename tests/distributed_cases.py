@@ -288,10 +288,39 @@ def bad_inputs(rank, world):
     # After every refusal the group still works: no rank is left inside a collective.
     attempt("good", lambda: sd.chain_speculative_sampling(
         None, ids, target[..., start:end], seed=0, vocab_start=start))
+    # SPECOPS_VALIDATE=1: a NaN in one rank's shard is named on every rank, an id past
+    # vocab_size too; what a padded shard holds past vocab_size is never read.
+    padded = torch.nn.functional.pad(target, (0, 100), value=float("nan"))
+    dirty = padded.clone()
+    if rank == 1:
+        dirty[2, 1, 2000] = float("nan")
+    legal = ids.clone()
+    legal[1, 0] = 7  # chain_inputs' id past vocab_size, which validation refuses
+    too_large = legal.clone()
+    too_large[0, 0] = vocab + 50
+    with validating():
+        attempt("validate nan", lambda: sd.chain_speculative_sampling(
+            None, legal, dirty[..., start:end], seed=0, vocab_start=start))
+        attempt("validate id", lambda: sd.chain_speculative_sampling(
+            None, too_large, target[..., start:end], seed=0, vocab_start=start))
+        attempt("validate padding", lambda: sd.chain_speculative_sampling(
+            None, legal, padded[..., start:end + (100 if rank == 1 else 0)], seed=0,
+            vocab_start=start, vocab_size=vocab))
     attempt("empty batch", lambda: sd.chain_speculative_sampling_from_logits(
         None, ids[:0], target[:0, :, start:end], top_k=torch.tensor([3]), top_p=0.5, seed=0,
         verification="block", vocab_start=start))
     return outcomes, seconds
+
+
+@contextlib.contextmanager
+def validating():
+    import os
+
+    os.environ["SPECOPS_VALIDATE"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["SPECOPS_VALIDATE"]
 
 
 def two_ranks(rank, world):

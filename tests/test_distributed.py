@@ -121,6 +121,16 @@ def test_a_rank_refusing_its_own_arguments_is_named_on_the_others(two):
     assert kind0 == "ValueError" and "draft_token_ids" in message0 and "rank 1" in message0
 
 
+def test_validation_mode_refuses_bad_values_on_every_rank(two):
+    (kind0, message0), (kind1, message1) = messages(two, "validate nan")
+    assert kind1 == "ValueError" and message1.startswith("target_probs must be finite")
+    assert kind0 == "ValueError" and "target_probs" in message0 and "rank 1" in message0
+    for kind, message in messages(two, "validate id"):
+        assert kind == "ValueError" and message.startswith("draft_token_ids must be -1")
+        assert "[0, 3000)" in message
+    assert messages(two, "validate padding") == [None, None]  # NaN past vocab_size is not read
+
+
 def test_the_group_works_after_refusals(two):
     assert messages(two, "good") == [None, None]
 

@@ -16,8 +16,9 @@ from typing import Optional
 import torch
 
 from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_checks
-from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart
-from ..chain.from_logits import check_logits_arguments
+from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart, check_values
+from ..chain.from_logits import check_logits_arguments, check_logits_values
+from ..core.checks import validation_enabled
 from ..core import logits as params
 from ..core.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
@@ -50,6 +51,17 @@ def _shard_arguments(vocab_start, vocab_size) -> tuple[int, int]:
     return start, size
 
 
+# SPECOPS_VALIDATE=1 before the layout exchange: ids are checked against the global vocabulary
+# after it (the same check on every rank), so none is refused here for lying past a shard.
+_ANY_ID = 2**62
+
+
+def _within(start: int, size: int):
+    """The columns of a shard inside [0, vocab_size) as a width (all of them when vocab_size was
+    not given): what SPECOPS_VALIDATE=1 reads of a padded shard."""
+    return None if size < 0 else max(0, size - start)
+
+
 def _device(tensor, group) -> torch.device:
     """Where the layout exchange runs: the shard's device, or the group's when the shard is not
     a tensor (the exchange must still happen, to tell the other ranks)."""
@@ -79,6 +91,9 @@ def _run(prepare, shard_tensor, group, names, finish):
     if record.seed_drawn:  # one draw for the group, so that every rank uses the same numbers
         drawn = broadcast_from_first(torch.cat([arguments["seed"], arguments["offset"]]), group)
         arguments["seed"], arguments["offset"] = drawn[:1], drawn[1:]
+    if validation_enabled():  # ids against the global vocabulary: the same check on every rank
+        check_values(None, arguments["ids"], None, names=arguments["names"], probabilities=False,
+                     vocab=layout.vocab_size)
     shard = Shard(layout.vocab_start, layout.width, layout.vocab_size, group)
     return finish(shard, arguments)
 
@@ -92,8 +107,9 @@ def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, rou
 
 
 def _cut(tensor, width):
-    """A shard without its columns past the vocabulary (a padded output layer's)."""
-    return None if tensor is None else tensor[..., :width]
+    """A shard without its columns past the vocabulary (a padded output layer's); all of it when
+    width is None."""
+    return tensor if tensor is None or width is None else tensor[..., :width]
 
 
 def chain_speculative_sampling(
@@ -131,7 +147,12 @@ def chain_speculative_sampling(
                         seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
         start, size = _shard_arguments(vocab_start, vocab_size)
-        arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t)
+        if validation_enabled():
+            width = _within(start, size)
+            check_values(_cut(draft_probs, width), draft_token_ids, _cut(target_probs, width),
+                         PUBLIC_NAMES, vocab=_ANY_ID)
+        arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
+                         ids=draft_token_ids, names=PUBLIC_NAMES)
         return arguments, _record(target_probs, int(draft_probs is not None), verification, seed,
                                   start, size)
 
@@ -193,8 +214,13 @@ def chain_speculative_sampling_from_logits(
                                accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
         start, size = _shard_arguments(vocab_start, vocab_size)
+        if validation_enabled():
+            width = _within(start, size)
+            check_logits_values(_cut(draft_probs, width), draft_token_ids,
+                                _cut(target_logits, width), _cut(draft_logits, width), parameters,
+                                LOGITS_NAMES, vocab=_ANY_ID)
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
-                         parameters=parameters)
+                         parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain)
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, start, size,
                                   _rounds(top_k, top_p))
