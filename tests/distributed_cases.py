@@ -54,6 +54,8 @@ def spawn(world: int, scenario: str, tmp_path, timeout: float = 150.0,
         if p.is_alive():
             p.kill()
             raise AssertionError(f"{scenario}: a rank did not finish within {timeout} s")
+    codes = [p.exitcode for p in processes]
+    assert codes == [0] * world, f"{scenario}: the ranks exited with {codes}"
     results = [torch.load(f"{out}.{r}") for r in range(world)]
     for r, result in enumerate(results):
         assert "crash" not in result, f"rank {r}:\n{result['crash']}"

@@ -13,6 +13,8 @@ from distributed_cases import spawn
 from specops.stats import chi2_pvalue
 
 P_THRESHOLD = 1e-4
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
 
 
 @pytest.fixture(scope="module")
