@@ -334,7 +334,7 @@ def two_ranks(rank, world):
                                        prefix="equal shards "))
     results.update(logits_cases(rank, layout, 3000, 3072))
     return {"exact": results, "collectives": collective_records(rank, world),
-            "bad": bad_inputs(rank, world)}
+            "bad": bad_inputs(rank, world), "processed": processed_rows(rank, layout, 3000)}
 
 
 def first_tokens(rank, layout, vocab, verification, calls=4, batch=5000):
@@ -364,14 +364,15 @@ def first_tokens(rank, layout, vocab, verification, calls=4, batch=5000):
     return p, first, second
 
 
-def processed_on_unaligned_shards(rank, layout, vocab):
+def processed_rows(rank, layout, vocab):
     """This rank's columns of the target's and the draft's processed rows (every parameter, as
-    tensors), and the single-device rows: shards that cut chunks keep the same tokens, weights
-    within a rounding."""
+    tensors), and the single-device rows: the same bit for bit on chunk-aligned shards; on
+    shards that cut chunks the same tokens kept, the weights within a rounding."""
     from specops.chain.from_logits import processed_inputs
     from specops.distributed import logits
 
     start, end = layout[rank]
+    end = min(end, vocab)  # a padded last shard: its real columns
     draft, _, target, _, _ = logits_inputs(6, 2, vocab, 8, vocab)
     parameters = PARAMETER_SETS["all tensors"]
     values = [parameters[name] for name in ("temperature", "top_k", "top_p", "min_p")]
@@ -416,7 +417,7 @@ def three_ranks(rank, world):
     torch.manual_seed(rank)  # different generators: only the first rank's draw may count
     drawn = sd.chain_speculative_sampling(draft[..., start:end], ids, target[..., start:end],
                                           vocab_start=start)
-    processed = processed_on_unaligned_shards(rank, unaligned, 3000)
+    processed = processed_rows(rank, unaligned, 3000)
     statistics = {mode: first_tokens(rank, [(0, 700), (700, 1500), (1500, 2000)], 2000, mode)
                   for mode in ("token", "block")}
     return {"exact": results, "drawn": drawn, "statistics": statistics, "processed": processed}

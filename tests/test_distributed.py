@@ -65,6 +65,14 @@ def test_shards_that_split_chunks_keep_the_distribution(three, mode):
         assert torch.equal(other["statistics"][mode][1], first)
 
 
+def test_aligned_shards_process_logits_as_one_device_does(two):
+    """Every parameter at once (greedy rows, min-p, top-k, top-p): the rows bit for bit, so the
+    thresholds are the single-device ones."""
+    for rank, result in enumerate(two):
+        for ours, single in zip(*result["processed"]):
+            assert torch.equal(ours, single), f"rank {rank}: processed rows differ"
+
+
 def test_shards_that_split_chunks_process_logits_as_one_device_does(three):
     """Every parameter at once, shards cut at 700 and 1500: the same kept tokens, the same
     weights within float32 rounding of the kept mass (summed over other groups of columns)."""
@@ -76,7 +84,7 @@ def test_shards_that_split_chunks_process_logits_as_one_device_does(three):
 
 # The documented counts (docs/api.md, "Vocabulary-parallel verification").
 EXPECTED = {"token": 3, "block": 4, "token seed=None": 4, "logits plain": 5,
-            "logits top-k": 5 + 30, "logits all block": 6 + 30 + 31}
+            "logits top-k": 5 + 8, "logits all block": 6 + 8 + 31}
 
 
 @pytest.mark.parametrize("call", sorted(EXPECTED))
@@ -87,7 +95,7 @@ def test_collectives_are_few_small_and_independent_of_the_vocabulary(two, call):
         assert len(small) == EXPECTED[call], (call, small)
         batch, positions = 4, 4  # B, N + 1 of the recorded calls
         rows = batch * (positions + positions - 1)  # target and draft rows
-        assert max(numel for _, numel, _ in small) <= 10 * rows, small
+        assert max(numel for _, numel, _ in small) <= 15 * rows, small  # top-k's histogram
         assert small[0][0] == "all_gather"  # the layout exchange comes first
 
 

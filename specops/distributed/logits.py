@@ -2,11 +2,15 @@
 top-k and top-p thresholds and kept mass found over all ranks with collectives of O(rows)
 elements, so that each rank's processed columns are the single-device ones.
 
-Thresholds are found by bisection on the float32 bit pattern: the weights e lie in [0, 1], whose
-bit patterns, read as int32, are in value order and below 2**30. 30 rounds, each one all_reduce
-of a count (top-k) or of exact mass bins (top-p) per row, find the largest pattern b with
-count(e >= b) >= k, or W(e >= b) >= P * W(0): exactly the k-th largest kept weight, or the
-single-device top-p threshold, since both counts and masses change only at kept weights.
+Thresholds are searched on the float32 bit pattern: the weights e lie in [0, 1], whose bit
+patterns, read as int32, are in value order and below 2**30. The search finds the largest
+pattern b with count(e >= b) >= k (top-k), or W(e >= b) >= P * W(0) (top-p): exactly the k-th
+largest kept weight, or the single-device top-p threshold, since counts and masses change only at
+kept weights. Top-k settles 4 bits a round (8 rounds, each one all_reduce of a 16-bucket count
+histogram per row: counts add up by bucket). Top-p bisects (30 rounds, each one all_reduce of
+exact mass bins per row): a mass is the exact sum of float32 chunk masses of the kept weights,
+and a chunk's float32 sum is not the sum of its buckets' sums, so every candidate threshold costs
+a pass over the row of its own, and one a round is the fewest passes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
 
 BISECTION_ROUNDS = 30  # bit patterns of [0, 1] lie below 2**30
+RADIX_BITS = 4  # top-k: bits settled per round, so ceil(30 / 4) = 8 rounds
 TOP_K_ROUNDS = 1  # bit 0 of the layout's ``rounds``
 TOP_P_ROUNDS = 2  # bit 1
 
@@ -30,9 +35,10 @@ def kept_totals(shard: Shard, e: torch.Tensor, keep: torch.Tensor) -> torch.Tens
 
 
 def bisect(e: torch.Tensor, enough) -> torch.Tensor:
-    """The largest int32 pattern b in [0, 2**30) for which enough(e >= b) holds, as its float32
-    value (R, 1); ``enough`` maps the (R, width) mask of the weights at or above b to (R,) bool,
-    holds at b = 0 and, once false, stays false above (0.0 where it holds nowhere else)."""
+    """Top-p's search: the largest int32 pattern b in [0, 2**30) for which enough(e >= b)
+    holds, as its float32 value (R, 1); ``enough`` maps the (R, width) mask of the weights at or
+    above b to (R,) bool, holds at b = 0 and, once false, stays false above (0.0 where it holds
+    nowhere else)."""
     bits = e.view(torch.int32)
     lo = torch.zeros(e.shape[0], dtype=torch.int64, device=e.device)
     hi = lo + 2**BISECTION_ROUNDS
@@ -45,15 +51,28 @@ def bisect(e: torch.Tensor, enough) -> torch.Tensor:
 
 def top_k_threshold(shard: Shard, e, keep, top_k) -> torch.Tensor:
     """core/logits.top_k_threshold over every rank's columns: (R, 1); -1 (keep all) where k is
-    0 or at least V. With fewer than k kept the search ends at 0.0, which also keeps all."""
-    k = top_k.long()
+    0 or at least V. With fewer than k kept the search ends at 0.0, which also keeps all.
 
-    def enough(above: torch.Tensor) -> torch.Tensor:
-        count = (keep & above).sum(dim=-1)
-        return all_reduce(count, dist.ReduceOp.SUM, shard.group) >= k
-
-    threshold = bisect(e, enough)
-    return torch.where(((k > 0) & (k < shard.vocab))[:, None], threshold, -1.0)
+    Each round splits the patterns [lo, lo + width) into 16 buckets of ``step``; the kept
+    weights' histogram over them (below lo: bucket 0, at or above lo + width: the last), summed
+    over the ranks, gives count(e >= lo + m * step) for every m, and lo moves to the last
+    candidate with at least k."""
+    k = top_k.long()[:, None]
+    bits = e.view(torch.int32).long()
+    lo = torch.zeros(e.shape[0], dtype=torch.int64, device=e.device)
+    width = 2**BISECTION_ROUNDS
+    while width > 1:  # the same rounds on every rank: they depend on constants alone
+        step = max(width >> RADIX_BITS, 1)
+        buckets = width // step
+        bucket = ((bits - lo[:, None]) // step).clamp(0, buckets - 1)
+        histogram = torch.zeros(bits.shape[0], buckets, dtype=torch.int64, device=e.device)
+        histogram.scatter_add_(1, bucket, keep.long())
+        at_least = histogram.flip(-1).cumsum(-1).flip(-1)[:, 1:]  # count(e >= lo + m step)
+        at_least = all_reduce(at_least, dist.ReduceOp.SUM, shard.group)
+        lo = lo + step * (at_least >= k).sum(dim=-1)
+        width = step
+    threshold = lo.to(torch.int32).view(torch.float32)[:, None]
+    return torch.where((k > 0) & (k < shard.vocab), threshold, -1.0)
 
 
 def top_p_threshold(shard: Shard, e, keep, top_p) -> torch.Tensor:
