@@ -378,7 +378,7 @@ def processed_rows(rank, layout, vocab):
     values = [parameters[name] for name in ("temperature", "top_k", "top_p", "min_p")]
     shard = logits.Shard(start, end - start, vocab, dist.group.WORLD)
     ours = logits.processed_inputs(shard, None, target[..., start:end], draft[..., start:end],
-                                   *values, logits.TOP_K_ROUNDS | logits.TOP_P_ROUNDS)
+                                   *values, logits.SEARCH_TOP_K | logits.SEARCH_TOP_P)
     single = processed_inputs(None, target, draft, *values)
     return ours, tuple(t[..., start:end] for t in single)
 

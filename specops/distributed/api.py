@@ -23,7 +23,7 @@ from ..core import logits as params
 from ..core.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
                    resolve_group)
-from .logits import TOP_K_ROUNDS, TOP_P_ROUNDS, processed_inputs
+from .logits import SEARCH_TOP_K, SEARCH_TOP_P, processed_inputs
 from .shards import Shard
 from .verify import VERIFIERS
 
@@ -98,12 +98,12 @@ def _run(prepare, shard_tensor, group, names, finish):
     return finish(shard, arguments)
 
 
-def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, rounds=0):
+def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, searches=0):
     """This rank's Record of a call whose local checks passed."""
     batch, positions, width = target.shape
     return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
                   PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
-                  int(seed is None), rounds)
+                  int(seed is None), searches)
 
 
 def _cut(tensor, width):
@@ -165,15 +165,15 @@ def chain_speculative_sampling(
     return _run(prepare, target_probs, group, {}, finish)
 
 
-def _rounds(top_k, top_p) -> int:
+def _searches(top_k, top_p) -> int:
     """Which threshold searches a call makes, from the arguments' kinds (host values only): a
     tensor may hold any value, a number that turns its step off needs none."""
-    rounds = 0
+    searches = 0
     if isinstance(top_k, torch.Tensor) or (top_k is not None and top_k != 0):
-        rounds |= TOP_K_ROUNDS
+        searches |= SEARCH_TOP_K
     if isinstance(top_p, torch.Tensor) or (top_p is not None and top_p != 1):
-        rounds |= TOP_P_ROUNDS
-    return rounds
+        searches |= SEARCH_TOP_P
+    return searches
 
 
 def chain_speculative_sampling_from_logits(
@@ -223,12 +223,12 @@ def chain_speculative_sampling_from_logits(
                          parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain)
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, start, size,
-                                  _rounds(top_k, top_p))
+                                  _searches(top_k, top_p))
 
     def finish(shard, a):
         draft, target = processed_inputs(
             shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
-            _cut(draft_logits, shard.width), *a["parameters"].values(), _rounds(top_k, top_p))
+            _cut(draft_logits, shard.width), *a["parameters"].values(), _searches(top_k, top_p))
         output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
                                          a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]

@@ -74,7 +74,7 @@ class Record(NamedTuple):
     draft: int = 0  # 0: none (one-hot drafts), 1: draft_probs, 2: draft_logits
     verification: int = 0  # 0: token, 1: block
     seed_drawn: int = 0  # 1: seed=None, drawn on the first rank and broadcast
-    rounds: int = 0  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
+    searches: int = 0  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
 
 
 # Fields every rank must agree on, and the argument an error then names.
@@ -84,7 +84,7 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
           ("draft", "draft_probs", "the draft's source (draft_probs, draft_logits or neither)"),
           ("verification", "verification", "verification"), ("seed_drawn", "seed",
                                                              "seed=None or a seed"),
-          ("rounds", "top_k", "which of top_k / top_p are given"))
+          ("searches", "top_k", "which of top_k / top_p are given"))
 
 
 def refused_index(error: Exception) -> int:

@@ -25,8 +25,8 @@ from .shards import Shard, exact_totals, piece_masses
 
 BISECTION_ROUNDS = 30  # bit patterns of [0, 1] lie below 2**30
 RADIX_BITS = 4  # top-k: bits settled per round, so ceil(30 / 4) = 8 rounds
-TOP_K_ROUNDS = 1  # bit 0 of the layout's ``rounds``
-TOP_P_ROUNDS = 2  # bit 1
+SEARCH_TOP_K = 1  # bit 0 of the layout's ``searches``
+SEARCH_TOP_P = 2  # bit 1
 
 
 def kept_totals(shard: Shard, e: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -96,9 +96,9 @@ def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
 
 
 def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
-                    rounds: int) -> torch.Tensor:
+                    searches: int) -> torch.Tensor:
     """core/logits.processed_rows of the (R, width) shards of R rows: float32 (R, width).
-    ``rounds`` says which threshold searches run (decided from the arguments' kinds, the same
+    ``searches`` says which threshold searches run (decided from the arguments' kinds, the same
     on every rank, so that every rank makes the same collectives)."""
     x = logits.float()
     valid = torch.isfinite(x)
@@ -107,16 +107,16 @@ def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_
     columns = torch.arange(shard.width, device=x.device) + shard.start
     greedy = (columns == argmax[:, None]).float()
     keep = valid & (e >= min_p.float()[:, None])
-    if rounds & TOP_K_ROUNDS:
+    if searches & SEARCH_TOP_K:
         keep &= e >= top_k_threshold(shard, e, keep, top_k)
-    if rounds & TOP_P_ROUNDS:
+    if searches & SEARCH_TOP_P:
         keep &= e >= top_p_threshold(shard, e, keep, top_p)
     return params.finished_rows(e, keep, kept_totals(shard, e, keep), greedy, temperature, top_k,
                                 top_p, min_p)
 
 
 def processed_inputs(shard: Shard, draft_probs, target_logits, draft_logits, temperature, top_k,
-                     top_p, min_p, rounds: int):
+                     top_p, min_p, searches: int):
     """chain/from_logits.processed_inputs on shards: (draft_probs, target_probs); the target's
     and the draft's rows are processed together, so each search is one collective for both."""
     blocks = [target_logits] + ([draft_logits] if draft_logits is not None else [])
@@ -126,7 +126,7 @@ def processed_inputs(shard: Shard, draft_probs, target_logits, draft_logits, tem
         return torch.cat([per_row(value, block.shape[0], block.shape[1]) for block in blocks])
 
     rows = processed_shard(shard, torch.cat(flat), parameter(temperature), parameter(top_k),
-                           parameter(top_p), parameter(min_p), rounds)
+                           parameter(top_p), parameter(min_p), searches)
     target_probs = rows[: flat[0].shape[0]].reshape(target_logits.shape)
     if draft_logits is not None:
         draft_probs = rows[flat[0].shape[0]:].reshape(draft_logits.shape)
