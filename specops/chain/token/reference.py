@@ -31,11 +31,14 @@ class Verdict(NamedTuple):
     uniforms: torch.Tensor  # (B, slots) every uniform of the request (docs/randomness.md)
 
 
-def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Verdict:
-    """Steps 1-4: coins, draft length, acceptance of each position, and e."""
+def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
+                  uniforms=None) -> Verdict:
+    """Steps 1-4: coins, draft length, acceptance of each position, and e. ``uniforms``: the
+    request uniforms of (seed, offset) when the caller has drawn them already."""
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
-    uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
+    if uniforms is None:
+        uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
     # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
     safe_ids = draft_token_ids.long().clamp(0, vocab - 1)
     p_draft = sanitize(at_draft_ids(target_probs, safe_ids))
