@@ -287,6 +287,14 @@ def bad_inputs(rank, world):
         vocab_size=3000 + rank))
     attempt("negative vocab_start", lambda: sd.chain_speculative_sampling(
         None, ids, target[..., start:end], seed=0, vocab_start=-rank))
+    # Too large for the layout record: refused like any other value, not by an overflow that
+    # would leave the other rank waiting in the exchange.
+    attempt("huge vocab_start", lambda: sd.chain_speculative_sampling(
+        None, ids, target[..., start:end], seed=0, vocab_start=start + rank * 2**63))
+    # seed=None: the seed broadcast carries the offsets, so their number must agree.
+    attempt("offsets", lambda: sd.chain_speculative_sampling(
+        None, ids, target[..., start:end], offset=torch.zeros(1 + 3 * rank, dtype=torch.int64),
+        vocab_start=start))
     # After every refusal the group still works: no rank is left inside a collective.
     attempt("good", lambda: sd.chain_speculative_sampling(
         None, ids, target[..., start:end], seed=0, vocab_start=start))

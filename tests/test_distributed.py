@@ -116,7 +116,8 @@ def test_an_empty_batch_runs(two):
     ("gap", "vocab_start"), ("overlap", "vocab_start"), ("start outside", "vocab_start"),
     ("short of vocab_size", "vocab_start"), ("batch", "target_probs"),
     ("num_draft", "target_probs"), ("vocab_size", "vocab_size"),
-    ("negative vocab_start", "vocab_start"),
+    ("negative vocab_start", "vocab_start"), ("huge vocab_start", "vocab_start"),
+    ("offsets", "offset"),
 ])
 def test_bad_layouts_raise_a_value_error_naming_the_argument_on_every_rank(two, case, argument):
     for outcome in messages(two, case):

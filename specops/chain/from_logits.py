@@ -47,8 +47,8 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
     if draft_probs is not None and draft_logits is not None:
-        raise ValueError(f"pass {names.chain.draft_probs} or {names.draft_logits}, not both: the "
-                         "drafts came from one distribution")
+        raise ValueError(f"{names.draft_logits}: pass {names.chain.draft_probs} or "
+                         f"{names.draft_logits}, not both: the drafts came from one distribution")
     for name, draft in ((names.chain.draft_probs, draft_probs),
                         (names.draft_logits, draft_logits)):
         if draft is None:

@@ -31,13 +31,19 @@ from .verify import VERIFIERS
 _LOGITS_NAMES = {"target_probs": "target_logits"}
 
 
+# SPECOPS_VALIDATE=1 before the layout exchange: ids are checked against the global vocabulary
+# after it (the same check on every rank), so none is refused here for lying past a shard.
+_ANY_ID = 2**62
+
+
 def _shard_arguments(vocab_start, vocab_size) -> tuple[int, int]:
     """vocab_start and vocab_size as ints (-1: vocab_size not given)."""
     try:
         start = operator.index(vocab_start)
     except TypeError:
         raise TypeError(f"vocab_start must be an int; got {type(vocab_start).__name__}") from None
-    if start < 0:
+    # Bounded so that the layout record (int64) always holds them.
+    if not 0 <= start < _ANY_ID:
         raise ValueError(f"vocab_start must be in [0, vocab_size); got {start}")
     if vocab_size is None:
         return start, -1
@@ -46,14 +52,9 @@ def _shard_arguments(vocab_start, vocab_size) -> tuple[int, int]:
     except TypeError:
         raise TypeError(f"vocab_size must be an int or None; got {type(vocab_size).__name__}") \
             from None
-    if size < 1:
-        raise ValueError(f"vocab_size must be >= 1; got {size}")
+    if not 1 <= size < _ANY_ID:
+        raise ValueError(f"vocab_size must be in [1, 2**62); got {size}")
     return start, size
-
-
-# SPECOPS_VALIDATE=1 before the layout exchange: ids are checked against the global vocabulary
-# after it (the same check on every rank), so none is refused here for lying past a shard.
-_ANY_ID = 2**62
 
 
 def _within(start: int, size: int):
@@ -62,26 +63,32 @@ def _within(start: int, size: int):
     return None if size < 0 else max(0, size - start)
 
 
-def _device(tensor, group) -> torch.device:
-    """Where the layout exchange runs: the shard's device, or the group's when the shard is not
-    a tensor (the exchange must still happen, to tell the other ranks)."""
-    if isinstance(tensor, torch.Tensor):
-        return tensor.device
+def _device(group) -> torch.device:
+    """Where the group's collectives run (NCCL: the current CUDA device), whatever the caller
+    passed: the layout exchange must happen even when a rank's shard is refused."""
     if torch.distributed.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def _run(prepare, shard_tensor, group, names, finish):
+def _check_device(device: torch.device, group, name: str) -> None:
+    """A shard on a device the group's backend cannot reduce over is refused before any
+    collective (NCCL needs CUDA tensors)."""
+    if torch.distributed.get_backend(group) == "nccl" and device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device for an NCCL process group; got "
+                         f"{device}")
+
+
+def _run(prepare, group, names, finish):
     """Local checks (``prepare``: the checked arguments and this rank's Record), the layout
     exchange, the seed, then ``finish(shard, arguments)``."""
     group = resolve_group(group)
     try:
-        arguments, record = prepare()
+        arguments, record = prepare(group)
         error = None
-    except (TypeError, ValueError) as err:
+    except Exception as err:  # any refusal is told to the other ranks before it is raised
         arguments, record, error = None, Record(refused=refused_index(err)), err
-    layout = exchange_layout(record, error, names, group, _device(shard_tensor, group))
+    layout = exchange_layout(record, error, names, group, _device(group))
     if layout is None:  # under CUDA-graph capture: the eager warm-up call checked the layout
         if record.vocab_size < 0:
             raise ValueError("vocab_size must be given under CUDA-graph capture: the shards' "
@@ -98,12 +105,24 @@ def _run(prepare, shard_tensor, group, names, finish):
     return finish(shard, arguments)
 
 
-def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, searches=0):
+def _record(target, draft_kind, verification, seed, arguments, vocab_start, vocab_size,
+            searches=0):
     """This rank's Record of a call whose local checks passed."""
     batch, positions, width = target.shape
     return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
                   PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
-                  int(seed is None), searches)
+                  int(seed is None), searches, arguments["seed"].numel(),
+                  arguments["offset"].numel(), *_validation_fields(arguments["ids"]))
+
+
+def _validation_fields(ids: torch.Tensor) -> tuple[int, int, int]:
+    """(validation mode on, least id, greatest id): the ids are read only in validation mode,
+    which reads the data anyway."""
+    if not validation_enabled():
+        return 0, 0, 0
+    if ids.numel() == 0:
+        return 1, 0, 0
+    return 1, int(ids.min()), int(ids.max())
 
 
 def _cut(tensor, width):
@@ -137,10 +156,11 @@ def chain_speculative_sampling(
     Every other argument is the same on every rank, and so are the outputs and counters.
     """
 
-    def prepare():
+    def prepare(group):
         device, accepted, emitted = opening_checks(verification, target_probs, "target_probs",
                                                    maybe_output_accepted_token_num,
                                                    maybe_output_emitted_draft_token_num)
+        _check_device(device, group, "target_probs")
         seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
         check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                         target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
@@ -154,7 +174,7 @@ def chain_speculative_sampling(
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
                          ids=draft_token_ids, names=PUBLIC_NAMES)
         return arguments, _record(target_probs, int(draft_probs is not None), verification, seed,
-                                  start, size)
+                                  arguments, start, size)
 
     def finish(shard, a):
         output = VERIFIERS[verification](
@@ -162,7 +182,7 @@ def chain_speculative_sampling(
             _cut(target_probs, shard.width), a["accepted"], a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]
 
-    return _run(prepare, target_probs, group, {}, finish)
+    return _run(prepare, group, {}, finish)
 
 
 def _searches(top_k, top_p) -> int:
@@ -202,10 +222,11 @@ def chain_speculative_sampling_from_logits(
     parameters are the same on every rank; top-k and top-p thresholds are found over all ranks.
     """
 
-    def prepare():
+    def prepare(group):
         device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
                                                    maybe_output_accepted_token_num,
                                                    maybe_output_emitted_draft_token_num)
+        _check_device(device, group, "target_logits")
         seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
         parameters = {name: params.as_parameter(name, value, device, None)
                       for name, value in (("temperature", temperature), ("top_k", top_k),
@@ -222,8 +243,8 @@ def chain_speculative_sampling_from_logits(
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
                          parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain)
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
-        return arguments, _record(target_logits, draft_kind, verification, seed, start, size,
-                                  _searches(top_k, top_p))
+        return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
+                                  start, size, _searches(top_k, top_p))
 
     def finish(shard, a):
         draft, target = processed_inputs(
@@ -233,4 +254,4 @@ def chain_speculative_sampling_from_logits(
                                          a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]
 
-    return _run(prepare, target_logits, group, _LOGITS_NAMES, finish)
+    return _run(prepare, group, _LOGITS_NAMES, finish)

@@ -75,6 +75,11 @@ class Record(NamedTuple):
     verification: int = 0  # 0: token, 1: block
     seed_drawn: int = 0  # 1: seed=None, drawn on the first rank and broadcast
     searches: int = 0  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
+    seeds: int = 1  # elements of the seed and offset tensors: the seed broadcast's size
+    offsets: int = 1
+    validation: int = 0  # SPECOPS_VALIDATE: its checks after the exchange raise on all or none
+    ids_low: int = 0  # in validation mode, the least and greatest draft id (the same on every
+    ids_high: int = 0  # rank, so that the ids' check after the exchange raises on all or none)
 
 
 # Fields every rank must agree on, and the argument an error then names.
@@ -84,7 +89,11 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
           ("draft", "draft_probs", "the draft's source (draft_probs, draft_logits or neither)"),
           ("verification", "verification", "verification"), ("seed_drawn", "seed",
                                                              "seed=None or a seed"),
-          ("searches", "top_k", "which of top_k / top_p are given"))
+          ("searches", "top_k", "which of top_k / top_p are given"),
+          ("seeds", "seed", "the number of seeds"), ("offsets", "offset", "the number of offsets"),
+          ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"),
+          ("ids_low", "draft_token_ids", "the draft ids (every rank must pass the same)"),
+          ("ids_high", "draft_token_ids", "the draft ids (every rank must pass the same)"))
 
 
 def refused_index(error: Exception) -> int:
