@@ -61,8 +61,10 @@ def split64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x & _MASK32, (x >> 32) & _MASK32
 
 
-def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int):
-    """The first ``num_slots`` uniforms of every request: a float32 (batch_size, num_slots) tensor.
+def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int,
+                     first_slot: int = 0):
+    """The uniforms of slots ``first_slot .. first_slot + num_slots - 1`` of every request: a
+    float32 (batch_size, num_slots) tensor.
 
     seed, offset: int64 tensors of 1 or batch_size elements. The Philox key is the seed; the
     counter is (slot, stream, offset), where stream is the request's batch row when one seed serves
@@ -76,6 +78,7 @@ def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, 
     off_lo, off_hi = split64(offset)
     rows = torch.arange(batch_size, device=device, dtype=torch.int64).reshape(-1, 1)
     stream = torch.zeros_like(rows) if per_request_seed else rows
-    slot = torch.arange(num_slots, device=device, dtype=torch.int64).reshape(1, -1)
+    slot = torch.arange(first_slot, first_slot + num_slots, device=device,
+                        dtype=torch.int64).reshape(1, -1)
     word0, _, _, _ = philox4x32((slot, stream, off_lo, off_hi), (k0, k1))
     return uint32_to_uniform(word0.expand(batch_size, num_slots))
