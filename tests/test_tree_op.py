@@ -239,33 +239,35 @@ def test_a_chain_gives_the_chain_ops_tokens(replacement, dtype):
 
 def test_absent_nodes_never_change_an_output():
     """Absent nodes (id -1 or >= V, a parent out of range, or an absent parent) and their
-    subtrees: any parent, any rows, any tokens below them; the outputs do not move."""
-    q, d, par, p = tree_inputs(50, 12, 30, device="cpu", seed=9)
-    d[:, 3] = -1  # absent: node 4, and every node below it
-    d[:, 7] = 30
-    par[:, 9] = 10  # malformed: a parent after the node
-    absent = reference.read_tree(d, par, 30).token < 0
-    below = torch.zeros_like(absent)
-    for i in range(12):  # nodes below an absent node
+    subtrees: whatever their rows, the tokens below them and (absent by their id) their parents,
+    the outputs do not move."""
+    num_nodes, vocab = 12, 30
+    q, d, par, p = tree_inputs(50, num_nodes, vocab, device="cpu", seed=9)
+    d[:, 3] = -1  # node 4 absent, and every node below it
+    d[:, 7] = vocab
+    par[:, 9] = 11  # malformed: a parent after the node (one that a walk reaches)
+    # Computed here, not by the code under test: not linked (an id outside [0, V) or a parent
+    # outside [0, i]), and below (not linked, or under a node that is not).
+    no_token = (d < 0) | (d >= vocab)
+    absent = no_token | (par < 0) | (par > torch.arange(num_nodes))
+    below = absent.clone()
+    for i in range(num_nodes):
         parent = par[:, i]
-        below[:, i] = absent[:, i] | ((parent > 0) & below.gather(1, (parent - 1).clamp(0, 11)[
-            :, None]).squeeze(1))
-    for draft, replacement in ((q, True), (q, False), (None, True)):
+        under = below.gather(1, (parent - 1).clamp(0, num_nodes - 1)[:, None]).squeeze(1)
+        below[:, i] |= (parent > 0) & under
+    g = torch.Generator().manual_seed(4)
+    d2, par2, p2, q2 = d.clone(), par.clone(), p.clone(), q.clone()
+    tokens_below = below & ~no_token
+    d2[tokens_below] = torch.randint(0, vocab, (int(tokens_below.sum()),), generator=g)
+    # Any parent for a node absent by its id (a malformed node's parent would link it).
+    par2[no_token] = torch.randint(-5, 20, (int(no_token.sum()),), generator=g)
+    rows = torch.nn.functional.pad(below, (1, 0))  # (B, M + 1): the rows of those nodes
+    p2[rows] = float("nan")
+    q2[rows] = -1.0
+    for draft, draft2, replacement in ((q, q2, True), (q, q2, False), (None, None, True)):
         before = call(draft, d, par, p, with_replacement=replacement)
-        d2, par2, p2 = d.clone(), par.clone(), p.clone()
-        g = torch.Generator().manual_seed(4)
-        d2[below & (d2 >= 0) & (d2 < 30)] = torch.randint(0, 30, (int((below & (d2 >= 0) & (
-            d2 < 30)).sum()),), generator=g)
-        no_token = (d < 0) | (d >= 30)  # absent by its id: any parent (a malformed node's
-        par2[no_token] = torch.randint(-5, 20, (int(no_token.sum()),), generator=g)  # would link)
-        rows = torch.nn.functional.pad(below, (1, 0))
-        p2[rows] = float("nan")
-        q2 = None
-        if draft is not None:
-            q2 = q.clone()
-            q2[rows] = -1.0
-        assert same(call(q2, d2, par2, p2, with_replacement=replacement), before)
-        assert not (before[1][below.any(1)] - 1 == 3).any()  # node 4 is never on a path
+        assert same(call(draft2, d2, par2, p2, with_replacement=replacement), before)
+        assert not (before[1] == 4).any()
 
 
 def test_leaf_draft_rows_are_not_read():

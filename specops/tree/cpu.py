@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ..core.probs import sanitize
-from ..core.race import chunk_masses, sample_rows
+from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
 from ..core.sums import exact_total
 from . import reference, slots
 
@@ -33,6 +33,27 @@ def _sanitized(rows: torch.Tensor) -> torch.Tensor:
         if int(low) >= 0 and int(high) < _BOUND_BITS:
             return rows
     return sanitize(rows)
+
+
+def _sample(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -> torch.Tensor:
+    """core.race.sample_rows of contiguous rows, reading the winning chunk where it lies instead
+    of a padded copy of every row: the same race, and the same inverse CDF (the padding is zeros,
+    which add nothing to a prefix sum)."""
+    chunk, key = race_winner(chunk_masses(rows), -torch.log(u_race.double()))
+    batch, vocab = rows.shape
+    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
+    if tail:
+        within = inverse_cdf(rows[:, full * CHUNK_SIZE:], u_cdf)
+    if full and batch:
+        # Every window of CHUNK_SIZE consecutive values, as a view: whole chunk k of row b is
+        # window b * V + k * CHUNK_SIZE.
+        windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
+        start = torch.arange(batch) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
+        in_whole = inverse_cdf(windows.index_select(0, start), u_cdf)
+        within = torch.where(chunk == full, within, in_whole) if tail else in_whole
+    elif not tail:
+        within = chunk
+    return torch.where(torch.isfinite(key), chunk * CHUNK_SIZE + within, -1)
 
 
 def _rows(probs: torch.Tensor, index: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -59,7 +80,7 @@ def _subset_draws(target_probs, node, u, needed) -> torch.Tensor:
     index = needed.nonzero().squeeze(1)
     token = torch.full((node.shape[0],), -1, dtype=torch.int64)
     if index.numel():
-        token[index] = sample_rows(_rows(target_probs, index, node), u[index, 1:], u[index, 0])
+        token[index] = _sample(_rows(target_probs, index, node), u[index, 1:], u[index, 0])
     return token
 
 
@@ -76,7 +97,7 @@ def _draw_token(draft_probs, target_probs, walk, state, seed, offset) -> torch.T
                                                  state.weight[residual])
     u = reference.request_uniforms(seed, offset, batch, slots.slots_per_draw(vocab),
                                    slots.draw_slot(num_nodes, vocab, 0))
-    return sample_rows(rows, u[:, 1:], u[:, 0])
+    return _sample(rows, u[:, 1:], u[:, 0])
 
 
 def _all_done(done: torch.Tensor) -> bool:
