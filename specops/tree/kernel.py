@@ -4,10 +4,10 @@ design.
 
 Grid (B,): program b walks request b's tree from the root, as ``reference.py`` does, and reads the
 rows of the nodes it stands on only. The nodes' tokens and parents are vectors of BLOCK_M lanes
-(lane l is node l + 1, and output position l). At a node, one masked gather reads p(x) and q(x)
-of every child; each rejection is one pass over the node's row pair that forms the next residual
-relu(w p - q), its exact mass and the race keys of the residual and of p; target-only, each node
-is one pass over its target row and a draw. The token at the node where the walk stops is one
+(lane l is node l + 1, and output position l). Judging a child takes two scalar gathers, p(x)
+and q(x), and its coin; each rejection is one pass over the node's row pair that forms the next
+residual relu(w p - q), its exact mass and the race keys of the residual and of p; target-only,
+each node is one pass over its target row and a draw. The token at the node where the walk stops is one
 inverse CDF in its race's winning chunk. No partials, no host synchronisation: the outputs are
 the only allocations.
 
@@ -25,8 +25,8 @@ from ..core.sums_triton import BIN_LANES, add_masses, to_float
 
 
 @triton.jit
-def _residual_pass(row_p, row_q, w_row, chunks, vocab, race_slot0, stream, off_lo, off_hi,
-                   key_lo, key_hi, GROUP: tl.constexpr, CHUNK: tl.constexpr):
+def _residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+                   GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over a node's row pair, GROUP chunks at a time: the exact mass of the residual
     R = relu(w_row p - q) (float64, as core/sums.py's exact_total of its float32 chunk masses) and
     the best (key, chunk) of the R race and of the p race."""
@@ -36,6 +36,7 @@ def _residual_pass(row_p, row_q, w_row, chunks, vocab, race_slot0, stream, off_l
     p_chunk = tl.zeros([], tl.int64)
     bins = tl.zeros([1, BIN_LANES], tl.int64)
     slot = tl.arange(0, GROUP)
+    chunks = tl.cdiv(vocab, CHUNK)
     for first in range(0, chunks, GROUP):
         count = tl.minimum(chunks - first, GROUP).to(tl.int32)
         res_masses, p_masses = masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP,
@@ -50,12 +51,13 @@ def _residual_pass(row_p, row_q, w_row, chunks, vocab, race_slot0, stream, off_l
 
 
 @triton.jit
-def _p_pass(row_p, chunks, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+def _p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
             GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over a node's target row: the best (key, chunk) of the p race."""
     p_key = tl.zeros([], tl.float64) + float("inf")
     p_chunk = tl.zeros([], tl.int64)
     slot = tl.arange(0, GROUP)
+    chunks = tl.cdiv(vocab, CHUNK)
     for first in range(0, chunks, GROUP):
         count = tl.minimum(chunks - first, GROUP).to(tl.int32)
         p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK)
@@ -98,7 +100,6 @@ def tree_speculative_sampling_kernel(
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
-    chunks = tl.cdiv(vocab, CHUNK)
 
     # Step 1: lane l holds node l + 1; linked: its id in [0, V), its parent in [0, l].
     lane = tl.arange(0, BLOCK_M)
@@ -112,14 +113,15 @@ def tree_speculative_sampling_kernel(
     token = tl.where(linked, ids, -1).to(tl.int32)
     parent = tl.where(linked, given, -1).to(tl.int32)
 
+    # The path is written as the walk takes it, the rest of the rows once it has stopped: every
+    # output element has one store.
+    out_tokens = out_tokens_ptr + b * (num_nodes + 1)
+    out_nodes = out_nodes_ptr + b * num_nodes
     node = tl.zeros([], tl.int32)  # where the walk stands; 0 is the root
     depth = tl.zeros([], tl.int32)  # drafts accepted
-    path = tl.full([BLOCK_M], -1, tl.int32)  # accepted nodes, in path order
-    path_tokens = tl.full([BLOCK_M], -1, tl.int32)
     walking = tl.full([], 1, tl.int32)
     no_race = tl.zeros([], tl.float64) + float("inf")  # the key of a race without mass
     if HAS_DRAFT:
-        coins = philox_uniform(lane, stream, off_lo, off_hi, key_lo, key_hi)  # node l + 1: slot l
         rejections = tl.zeros([], tl.int32)
         weight = tl.full([], 1.0, tl.float64)
         scale = tl.full([], 1.0, tl.float64)
@@ -129,13 +131,10 @@ def tree_speculative_sampling_kernel(
         p_key = no_race
         p_chunk = tl.zeros([], tl.int64)
         while walking != 0:
-            # Steps 3-5 at this node: its children judged in node order, one gather for all.
+            # Steps 3-5 at this node: its children judged in node order.
             children = parent == node
             row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
             row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
-            safe = tl.where(children, token, 0).to(tl.int64)
-            p_x = sanitize(tl.load(row_p + safe, mask=children, other=0.0))
-            q_x = sanitize(tl.load(row_q + safe, mask=children, other=0.0))
             rejections = tl.zeros([], tl.int32)
             weight = tl.full([], 1.0, tl.float64)
             scale = tl.full([], 1.0, tl.float64)
@@ -148,18 +147,18 @@ def tree_speculative_sampling_kernel(
                 judging = (child < BLOCK_M).to(tl.int32)
                 if child < BLOCK_M:
                     x = _pick(token, lane, child)
-                    px = _pick(p_x, lane, child)
-                    qx = _pick(q_x, lane, child)
+                    px = sanitize(tl.load(row_p + x.to(tl.int64)))
+                    qx = sanitize(tl.load(row_q + x.to(tl.int64)))
                     earlier = children & (lane < child) & (token == x)
                     duplicate = tl.sum(earlier.to(tl.int32), axis=0) > 0
                     value = tl.where(rejections == 0, px,
                                      tl.maximum(weight.to(tl.float32) * px - qx, 0.0))
                     s = scale * mass
-                    coin = _pick(coins, lane, child)
+                    coin = philox_uniform(child, stream, off_lo, off_hi, key_lo, key_hi)
                     accepted = ~duplicate & ((coin * qx).to(tl.float64) * s < value.to(tl.float64))
                     if accepted:
-                        path = tl.where(lane == depth, child + 1, path)
-                        path_tokens = tl.where(lane == depth, x, path_tokens)
+                        tl.store(out_nodes + depth, child + 1)
+                        tl.store(out_tokens + depth, x)
                         depth += 1
                         node = child + 1
                         judging = tl.zeros([], tl.int32)
@@ -174,16 +173,16 @@ def tree_speculative_sampling_kernel(
                         rejections += 1
                         after = child
                         mass, res_key, res_chunk, p_key, p_chunk = _residual_pass(
-                            row_p, row_q, weight.to(tl.float32), chunks, vocab, num_nodes + 1,
-                            stream, off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
+                            row_p, row_q, weight.to(tl.float32), vocab, num_nodes + 1, stream,
+                            off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
                         judging = (mass > 0).to(tl.int32)  # no mass: the rest are rejected
         # Step 6: draw 0 at the node the walk stopped at, from the last residual where it has
         # rejections and mass, else from p.
         row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
         row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
         if rejections == 0:  # a node without children: p alone
-            p_key, p_chunk = _p_pass(row_p, chunks, vocab, num_nodes + 1, stream, off_lo, off_hi,
-                                     key_lo, key_hi, GROUP, CHUNK)
+            p_key, p_chunk = _p_pass(row_p, vocab, num_nodes + 1, stream, off_lo, off_hi, key_lo,
+                                     key_hi, GROUP, CHUNK)
             res_key = no_race
         u_cdf = philox_uniform(num_nodes, stream, off_lo, off_hi, key_lo, key_hi)
         # HAS_DRAFT & ...: a boolean, where Triton's interpreter would give a float comparison
@@ -199,23 +198,23 @@ def tree_speculative_sampling_kernel(
             # the token is taken.
             row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
             slot0 = num_nodes + depth * draw_slots
-            p_key, p_chunk = _p_pass(row_p, chunks, vocab, slot0 + 1, stream, off_lo, off_hi,
-                                     key_lo, key_hi, GROUP, CHUNK)
+            p_key, p_chunk = _p_pass(row_p, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
+                                     key_hi, GROUP, CHUNK)
             u_cdf = philox_uniform(slot0, stream, off_lo, off_hi, key_lo, key_hi)
             drawn = race_token(row_p, row_p, no_race, p_chunk, p_chunk, vocab, 1.0,
                                tl.zeros([], tl.int1), -1, u_cdf, False, CHUNK)
             drawn = tl.where(p_key < float("inf"), drawn, -1)
             child = tl.min(tl.where((parent == node) & (token == drawn), lane, BLOCK_M), axis=0)
             if child < BLOCK_M:
-                path = tl.where(lane == depth, child + 1, path)
-                path_tokens = tl.where(lane == depth, drawn, path_tokens)
+                tl.store(out_nodes + depth, child + 1)
+                tl.store(out_tokens + depth, drawn)
                 depth += 1
                 node = child + 1
             else:
                 walking = tl.zeros([], tl.int32)
 
-    # Step 7: the path's tokens, the drawn token, then -1; the accepted nodes; the count.
-    out = tl.where(lane < depth, path_tokens, tl.where(lane == depth, drawn, -1))
-    tl.store(out_tokens_ptr + b * (num_nodes + 1) + lane, out, mask=lane <= num_nodes)
-    tl.store(out_nodes_ptr + b * num_nodes + lane, path, mask=is_node)
+    # Step 7: after the path's tokens, the drawn token, then -1; after its nodes, -1; the count.
+    tl.store(out_tokens + lane, tl.where(lane == depth, drawn, -1),
+             mask=(lane >= depth) & (lane <= num_nodes))
+    tl.store(out_nodes + lane, tl.full([BLOCK_M], -1, tl.int32), mask=(lane >= depth) & is_node)
     tl.store(emitted_ptr + b, depth)
