@@ -126,8 +126,22 @@ def calls(has_draft):
         for seed, offset in ((None, None), (5, None), (5, 7), (torch.tensor([5]), None),
                              (per_request, None), (per_request, per_request + 1),
                              (torch.tensor([5]), per_request), (None, 3)):
-            specops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed,
-                                               offset=offset, verification=verification)
+            verify(draft, ids, target, acc, emit, seed, offset)
+
+
+def verify(draft, ids, target, acc, emit, seed, offset):
+    """One call of the verification under test (a tree: a chain of nodes, with replacement on
+    even batches and without on odd ones: with_replacement selects no kernel)."""
+    if verification != "tree":
+        specops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed,
+                                           offset=offset, verification=verification)
+        return
+    batch, n = ids.shape
+    if draft is not None:
+        draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
+    specops.tree_speculative_sampling(draft, ids, torch.arange(n).expand(batch, n), target,
+                                      seed=seed, offset=offset,
+                                      with_replacement=batch % 2 == 0)
 
 
 if first == "warmup":
@@ -137,8 +151,8 @@ else:  # one call of each kind
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
-        specops.chain_speculative_sampling(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64),
-                                           target, seed=5, verification=verification)
+        verify(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64), target,
+               torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 5, None)
 if path == "hooked":  # launch hooks set: every launch takes kernel[grid]
     seen = []
     hook = lambda metadata: seen.append(1)
@@ -155,8 +169,8 @@ after = driver.utils.modules_loaded
 # Rows that are not 16-byte aligned select another kernel: it must be compiled, not the aligned
 # one launched on them.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
-specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target,
-                                   seed=5, verification=verification)
+counters = torch.zeros(2, 2, dtype=torch.int32)
+verify(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target, counters[0], counters[1], 5, None)
 print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
                   "launches_after": driver.utils.launches - launches,
                   "loaded_unaligned": driver.utils.modules_loaded - after}))
@@ -166,12 +180,14 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
 @pytest.mark.parametrize("first,path,verification", [
     ("warmup", "direct", "token"), ("one call", "direct", "token"),
     ("warmup", "hooked", "token"), ("warmup", "direct", "block"), ("one call", "hooked", "block"),
+    ("warmup", "direct", "tree"), ("one call", "hooked", "tree"),
 ])
 def test_nothing_compiles_after_warm_up(first, path, verification):
     result = run_standin(NO_NEW_KERNELS, first, path, verification)
     # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
-    # pass and the scan kernel, each with and without draft_probs.
-    assert result["loaded"] == (3 if verification == "token" else 4), result
+    # pass and the scan kernel, each with and without draft_probs. Tree: its one kernel, with and
+    # without draft_probs.
+    assert result["loaded"] == {"token": 3, "block": 4, "tree": 2}[verification], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 80, result
     assert result["loaded_unaligned"] >= 1, result
 
@@ -181,10 +197,11 @@ KEY_SCRIPT = r'''
 import json, torch, specops
 from specops.chain.token import launch as token
 from specops.chain.block import launch as block
+from specops.tree import launch as tree
 
 N, V = 3, 2048
 launched = []
-for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN):
+for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, tree.KERNEL):
     real = kernel.launch
     def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
         launched.append((kernel, compiled, args, constexprs))
@@ -209,6 +226,22 @@ for verification in ("token", "block"):
                     dict(draft=False), dict(n=7), dict(vocab=V - 1), dict(shift_target=True),
                     dict(shift_draft=True)):
         variant(verification=verification, **changes)
+
+
+def tree_variant(dtype=torch.float32, ids=torch.int64, parents=torch.int64, draft=True, m=N,
+                 vocab=V, shift_target=False, shift_draft=False):
+    target = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+    target = target[:, :, 1:] if shift_target else target[:, :, :vocab]
+    q = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+    q = (q[:, :, 1:] if shift_draft else q[:, :, :vocab]) if draft else None
+    specops.tree_speculative_sampling(q, torch.zeros(2, m, dtype=ids),
+                                      torch.zeros(2, m, dtype=parents), target, seed=1)
+
+
+for changes in ({}, dict(dtype=torch.float16), dict(dtype=torch.bfloat16), dict(ids=torch.int32),
+                dict(parents=torch.int32), dict(draft=False), dict(m=20), dict(vocab=V - 1),
+                dict(shift_target=True), dict(shift_draft=True)):
+    tree_variant(**changes)
 # The kernel every launch used against the one Triton's own binder picks for its arguments.
 same = [compiled.kernel.hash == kernel.fn.warmup(*args, *constexprs, grid=(1,),
                                                  **kernel.options).hash
@@ -221,7 +254,7 @@ def test_every_launch_uses_the_kernel_tritons_binder_picks():
     """The launchers' cache keys name every argument property Triton specialises on: a field
     dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
     result = run_standin(KEY_SCRIPT)
-    assert result["launches"] >= 2 * 11 + 10, result
+    assert result["launches"] >= 2 * 11 + 10 + 10, result
     assert all(result["same"]), result
 
 

@@ -513,8 +513,9 @@ def test_numpy_integer_seeds_are_ints():
 
 
 @pytest.mark.parametrize("changes,fragment", [
-    (dict(verification="blok"), "verification must be one of token, block; got 'blok'"),
-    (dict(verification=("token", "tree")), "verification must be one of token, block"),
+    (dict(verification="blok"), "verification must be one of token, block, tree; got 'blok'"),
+    (dict(verification=("token", "trees")), "verification must be one of token, block, tree"),
+    (dict(parents_dtype=torch.uint8), "parents_dtype must be one of int32, int64"),
     (dict(dtype=torch.float64), "dtype must be one of float32, float16, bfloat16"),
     (dict(vocab=0), "vocab must be a positive int; got 0"),
     (dict(num_draft=range(0, 3)), "num_draft must be a positive int; got 0"),
@@ -528,4 +529,4 @@ def test_warmup_refuses_settings_no_call_can_have_on_every_device(changes, fragm
     args.update(changes)
     with pytest.raises(ValueError, match=re.escape(fragment)):
         specops.warmup(**args)
-    assert specops.warmup("cpu", 32000, range(1, 4), verification=("token", "block")) == 0
+    assert specops.warmup("cpu", 32000, range(1, 4), verification=("token", "block", "tree")) == 0
