@@ -29,8 +29,11 @@ def bench(monkeypatch):
 
 
 def run_script(args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    # A script's own folder, not the checkout, heads its sys.path: the checkout goes on
+    # PYTHONPATH, so that the scripts run this checkout's specops, installed or not.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, **(env or {})})
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
 
 def test_needed_bytes_worst_case_and_from_the_output(bench):

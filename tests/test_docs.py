@@ -92,7 +92,9 @@ def test_relative_links_exist(path):
 
 
 def run(args: list[str], timeout: int) -> str:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The checkout on PYTHONPATH: a script's own folder, not the checkout, heads its sys.path.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr

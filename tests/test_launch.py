@@ -294,9 +294,11 @@ def test_per_call_hooks_and_knobs_take_kernel_grid():
 
 
 def test_host_overhead_benchmark_runs():
+    # The checkout on PYTHONPATH: a script's own folder, not the checkout, heads its sys.path.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--rounds", "1",
-                           "--calls", "2"], capture_output=True, text=True, cwd=ROOT,
-                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+                           "--calls", "2"], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for entry in ("bare launch (unit)", "public, seed tensor", "public, seed int",
