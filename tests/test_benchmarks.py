@@ -104,7 +104,8 @@ def test_gpu_check_rehearsal(tmp_path):
     assert len(rows) == 2 and all(float(r["ours_eager_us"]) > 0 and float(r["base_eager_us"]) > 0 for r in rows)
     assert all(r["ours_graph_us"] == "" for r in rows)  # no CUDA graphs on CPU
     assert "CUDA-graph timings skipped" in (tmp_path / "grid-float32.log").read_text()
-    assert '"mismatched": 0' in (tmp_path / "agreement.log").read_text()
+    agreement = (tmp_path / "agreement.log").read_text()
+    assert '"mismatched": 0' in agreement and '"verification": "tree"' in agreement
     assert "| grid-float32 | passed |" in (tmp_path / "summary.md").read_text()
 
 
