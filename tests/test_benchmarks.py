@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,17 @@ def test_gpu_check_without_cuda_says_so_in_one_line(tmp_path):
     proc = run_script([str(BENCH / "gpu_check.py")], 60, env={"OUT": str(tmp_path)})
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "no CUDA device is visible" in proc.stderr and "--rehearse" in proc.stderr
+
+
+def test_tree_verification_benchmark_quick():
+    """benchmarks/tree_verification.py on its smoke-test grid: every column filled, and the
+    tree keeps more characters per call than its chain."""
+    proc = run_script([str(BENCH / "tree_verification.py"), "--quick"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 "))
+    assert len(row) == 11 and all(float(x) > 0 for x in row[5:]), proc.stdout
+    gains = [line for line in proc.stdout.splitlines() if "(lossless" in line]
+    assert gains, proc.stdout
+    for line in gains:
+        tree, chain = (float(x) for x in re.findall(r"(?:tree|chain) ([0-9.]+)", line))
+        assert tree > chain and "lossless PASS" in line, line
