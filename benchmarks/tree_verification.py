@@ -149,7 +149,8 @@ if __name__ == "__main__":
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--quick", action="store_true", help="a tiny grid, for a smoke test")
     parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: stable figures on a shared machine)")
+                        help="CPU threads for torch (default 1: stable figures on a shared "
+                             "machine)")
     args = parser.parse_args()
     device = common.require_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":

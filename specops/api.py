@@ -4,7 +4,7 @@
 when none are given, turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors, checks
 the arguments under the names the caller used, and runs ``torch.ops.specops.chain_speculative_
 sampling`` (or its block twin). ``tree_speculative_sampling`` does the same for a tree of drafts
-and ``torch.ops.specops.tree_speculative_sampling`` (docs/tree.md).
+and ``torch.ops.specops.tree_speculative_sampling`` (docs/semantics.md, "Tree verification").
 
 Where ``core.registry.skips_dispatcher`` allows (a plain eager call: real tensors, nothing tracing
 or intercepting it, no user kernel registered for the device), a function calls the op's eager
@@ -116,9 +116,10 @@ def tree_speculative_sampling(
     seed: SeedLike = None,
     offset: SeedLike = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Speculative sampling over a tree of drafts, exact (docs/tree.md): SpecInfer's multi-round
-    rejection sampling (Miao et al. 2023), its without-replacement form (Jeon et al. 2024), or
-    target-only verification when there are no draft probabilities.
+    """Speculative sampling over a tree of drafts, exact (docs/algorithm.md, "Tree verification"):
+    SpecInfer's multi-round rejection sampling (Miao et al. 2024), its without-replacement form,
+    recursive rejection sampling (Jeon et al. 2024), or target-only verification when there are
+    no draft probabilities.
 
     Node 0 is the root (the last accepted token); nodes 1..M are the drafts.
 

@@ -1,6 +1,6 @@
-"""The tree op (docs/tree.md) and ``specops.tree_speculative_sampling``: registration (opcheck,
-schema), torch.compile, the CPU backend against the reference, chains against the chain op, absent
-nodes, duplicates, seeds and batch invariance, fixed-seed outputs."""
+"""The tree op (docs/semantics.md, "Tree verification") and ``specops.tree_speculative_sampling``:
+registration (opcheck, schema), torch.compile, the CPU backend against the reference, chains
+against the chain op, absent nodes, duplicates, seeds and batch invariance, fixed-seed outputs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Engines' tree layouts turned into the tree op's: node tokens and ``parents`` (docs/tree.md,
-"Engines' layouts").
+"""Engines' tree layouts turned into the tree op's: node tokens and ``parents`` (docs/recipes.md,
+"Token trees").
 
 SGLang (EAGLE's tree verification) numbers a request's nodes 0..M, node 0 the root (the last
 accepted token), and links them as lists: ``retrive_next_token[b, n]`` is node n's first child and
@@ -20,10 +20,10 @@ def from_sglang(candidates: torch.Tensor, retrive_next_token: torch.Tensor,
     retrive_next_token, retrive_next_sibling: (B, M + 1), -1 where a list ends.
 
     A node no list reaches (SGLang's tree builder skips a token whose parent was not selected)
-    gets token -1 and parent -1: an absent node, and so, for the op, is every node below it. A node whose parent comes after it would be
-    malformed; SGLang's builder never makes one. The op tries siblings in node order: SGLang's
-    builder links each node in front of its parent's list, from the last node to the first, so
-    its lists run in node order too. Vectorised, without reading data on the host (so it can sit
+    gets token -1 and parent -1: an absent node, and so, for the op, is every node below it. A
+    node whose parent comes after it would be malformed; SGLang's builder never makes one. The op
+    tries siblings in node order: SGLang's builder links each node in front of its parent's list,
+    from the last node to the first, so its lists run in node order too. Vectorised, without reading data on the host (so it can sit
     in a captured decode step): one pass per position in the longest list, at most M.
     """
     batch, width = retrive_next_token.shape

@@ -2,8 +2,8 @@
 so bad input raises the same error in eager mode and under ``torch.compile``.
 
 ``check_arguments`` runs on every call, so the happy path is one run of cheap comparisons;
-messages are built only when raising. ``check_values`` is the opt-in ``SPECOPS_VALIDATE=1`` mode (docs/api.md,
-"Environment variables"): it reads the data, so it runs in eager execution only.
+messages are built only when raising. ``check_values`` is the opt-in ``SPECOPS_VALIDATE=1`` mode
+(docs/api.md, "Environment variables"): it reads the data, so it runs in eager execution only.
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, se
 
 
 def present_nodes(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, M + 1) bool: the root (column 0) and every present node (docs/tree.md, step 1)."""
+    """(B, M + 1) bool: the root (column 0) and every present node (docs/semantics.md, "Tree
+    verification", rule 1)."""
     ids, given = draft_token_ids.long(), parents.long()
     batch, num_nodes = ids.shape
     present = torch.zeros(batch, num_nodes + 1, dtype=torch.bool, device=ids.device)

@@ -1,15 +1,15 @@
 """The Triton kernel of tree speculative sampling (CUDA tensors, or CPU tensors under
-``TRITON_INTERPRET=1``); ``launch.py`` launches it. docs/tree.md ("The kernel") explains the
-design.
+``TRITON_INTERPRET=1``); ``launch.py`` launches it. docs/kernel.md ("The tree kernel") explains
+the design.
 
 Grid (B,): program b walks request b's tree from the root, as ``reference.py`` does, and reads the
 rows of the nodes it stands on only. The nodes' tokens and parents are vectors of BLOCK_M lanes
 (lane l is node l + 1, and output position l). Judging a child takes two scalar gathers, p(x)
 and q(x), and its coin; each rejection is one pass over the node's row pair that forms the next
 residual relu(w p - q), its exact mass and the race keys of the residual and of p; target-only,
-each node is one pass over its target row and a draw. The token at the node where the walk stops is one
-inverse CDF in its race's winning chunk. No partials, no host synchronisation: the outputs are
-the only allocations.
+each node is one pass over its target row and a draw. The token at the node where the walk stops
+is one inverse CDF in its race's winning chunk. No partials, no host synchronisation: the outputs
+are the only allocations.
 
 The algorithm is that of ``reference.py``, token for token.
 """
@@ -101,7 +101,7 @@ def tree_speculative_sampling_kernel(
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
 
-    # Step 1: lane l holds node l + 1; linked: its id in [0, V), its parent in [0, l].
+    # Rule 1: lane l holds node l + 1; linked: its id in [0, V), its parent in [0, l].
     lane = tl.arange(0, BLOCK_M)
     lane64 = lane.to(tl.int64)
     is_node = lane < num_nodes
@@ -131,7 +131,7 @@ def tree_speculative_sampling_kernel(
         p_key = no_race
         p_chunk = tl.zeros([], tl.int64)
         while walking != 0:
-            # Steps 3-5 at this node: its children judged in node order.
+            # Rules 3-5 at this node: its children judged in node order.
             children = parent == node
             row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
             row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
@@ -164,7 +164,7 @@ def tree_speculative_sampling_kernel(
                         judging = tl.zeros([], tl.int32)
                         walking = tl.full([], 1, tl.int32)
                     else:
-                        # Step 5: the next residual, relu(w p - q) with w and c in float64.
+                        # Rule 5: the next residual, relu(w p - q) with w and c in float64.
                         weight = tl.where(rejections == 0, 1.0, weight / (1.0 + s))
                         if with_replacement == 0:
                             remaining = 1.0 - scale * qx.to(tl.float64)
@@ -176,7 +176,7 @@ def tree_speculative_sampling_kernel(
                             row_p, row_q, weight.to(tl.float32), vocab, num_nodes + 1, stream,
                             off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
                         judging = (mass > 0).to(tl.int32)  # no mass: the rest are rejected
-        # Step 6: draw 0 at the node the walk stopped at, from the last residual where it has
+        # Rule 6: draw 0 at the node the walk stopped at, from the last residual where it has
         # rejections and mass, else from p.
         row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
         row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
@@ -213,7 +213,7 @@ def tree_speculative_sampling_kernel(
             else:
                 walking = tl.zeros([], tl.int32)
 
-    # Step 7: after the path's tokens, the drawn token, then -1; after its nodes, -1; the count.
+    # Rule 8: after the path's tokens, the drawn token, then -1; after its nodes, -1; the count.
     tl.store(out_tokens + lane, tl.where(lane == depth, drawn, -1),
              mask=(lane >= depth) & (lane <= num_nodes))
     tl.store(out_nodes + lane, tl.full([BLOCK_M], -1, tl.int32), mask=(lane >= depth) & is_node)

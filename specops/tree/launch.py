@@ -1,6 +1,6 @@
 """Launching the tree kernel: the three outputs, then one launch of grid (B,) through
 ``core/launcher.py``. One program walks one request's tree, so there is no launch plan to make and
-no partials to combine (docs/performance.md, "Token trees", says why)."""
+no partials to combine (docs/performance.md, "Tree verification", says why)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tree speculative sampling: the plain reference.
 
-docs/tree.md ("What the op computes") written in torch, vectorised over the batch: the oracle the
+docs/semantics.md ("Tree verification") written in torch, vectorised over the batch: the oracle the
 Triton kernel is tested against. The walk down a tree is sequential, so it is a loop over steps in
 which every request takes its next step at once: with draft probabilities, one child judged per
 step (a walk judges at most M children, each node at most once); target-only, one draw per step
@@ -23,7 +23,7 @@ from . import slots
 
 
 class Tree(NamedTuple):
-    """The nodes as the rules read them (step 1); (B, M) each, index i for node i + 1."""
+    """The nodes as the rules read them (rule 1); (B, M) each, index i for node i + 1."""
 
     token: torch.Tensor  # int64: the node's token, -1 where it is not linked
     parent: torch.Tensor  # int64: the node's parent (0..i), -1 where it is not linked
@@ -31,7 +31,7 @@ class Tree(NamedTuple):
 
 
 def read_tree(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> Tree:
-    """Step 1. Node i + 1 is *linked* when its id is in [0, V) and its parent in [0, i]; it is
+    """Rule 1. Node i + 1 is *linked* when its id is in [0, V) and its parent in [0, i]; it is
     present when it is linked and its parent is present (the root always is). The walk only ever
     looks at the children of nodes it stands on, which are present, so a linked child of theirs is
     present: being linked is all a step needs to know."""
@@ -91,7 +91,7 @@ def residual_rows(p_rows: torch.Tensor, q_rows: torch.Tensor, weight: torch.Tens
 def acceptance_values(p_x: torch.Tensor, q_x: torch.Tensor, state: Round):
     """(p'(x) times the mass of the residual, float32; the scale s = c_j m_j, float64) for a child
     of token x judged after ``state.rejections`` rejections: the child is accepted when
-    u q(x) s < the first (step 4). Before any rejection p' is p itself."""
+    u q(x) s < the first (rule 4). Before any rejection p' is p itself."""
     residual = (state.weight.float() * p_x - q_x).clamp_min(0.0)
     value = torch.where(state.rejections == 0, p_x, residual)
     return value, state.scale * state.mass
@@ -99,7 +99,7 @@ def acceptance_values(p_x: torch.Tensor, q_x: torch.Tensor, state: Round):
 
 def after_rejection(state: Round, s: torch.Tensor, q_x: torch.Tensor,
                     with_replacement: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 5: (w_{j+1}, c_{j+1}) in float64 after a rejection at round j."""
+    """Rule 5: (w_{j+1}, c_{j+1}) in float64 after a rejection at round j."""
     weight = torch.where(state.rejections == 0, 1.0, state.weight / (1.0 + s))
     if with_replacement:
         return weight, state.scale
@@ -161,7 +161,7 @@ def never(done: torch.Tensor) -> bool:
 def walk_with_drafts(draft_probs, target_probs, tree: Tree, coins: torch.Tensor,
                      with_replacement: bool, judge=acceptance_values, masses=residual_masses,
                      finished=never):
-    """Steps 3-5 with draft probabilities: (the walk, its last round). ``judge`` is
+    """Rules 3-5 with draft probabilities: (the walk, its last round). ``judge`` is
     acceptance_values (a parameter so that tests can build a wrong variant); ``masses`` and
     ``finished`` let the CPU backend form only the rows a step needs and stop when every walk
     has."""
@@ -199,7 +199,7 @@ def walk_with_drafts(draft_probs, target_probs, tree: Tree, coins: torch.Tensor,
 
 
 def walk_target_only(target_probs, tree: Tree, seed, offset, draw=draws, finished=never):
-    """Steps 3-6 target-only: (the walk, the token drawn where it stopped). At each node one
+    """Rules 3 and 7, target-only: (the walk, the token drawn where it stopped). At each node one
     draw from its target row (draw r at depth r); the first child carrying that token is taken.
     ``draw`` and ``finished``: as walk_with_drafts's ``masses`` and ``finished``."""
     batch, num_nodes = tree.token.shape
@@ -225,7 +225,7 @@ def walk_target_only(target_probs, tree: Tree, seed, offset, draw=draws, finishe
 
 
 def draw_token(draft_probs, target_probs, walk: Walk, state: Round, seed, offset) -> torch.Tensor:
-    """Step 6 with draft probabilities: draw 0 from the residual of the last round where it has
+    """Rule 6 with draft probabilities: draw 0 from the residual of the last round where it has
     rejections and mass, else from p at the node; -1 when that has no mass either."""
     batch, num_nodes = walk.path.shape
     vocab = target_probs.shape[2]
@@ -239,7 +239,7 @@ def draw_token(draft_probs, target_probs, walk: Walk, state: Round, seed, offset
 
 
 def write_outputs(tree: Tree, walk: Walk, token: torch.Tensor):
-    """Step 7: (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32."""
+    """Rule 8: (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32."""
     batch, num_nodes = walk.path.shape
     path_tokens = tree.token.gather(1, walk.path.clamp(min=1) - 1)
     position = torch.arange(num_nodes + 1, device=token.device)
@@ -264,7 +264,7 @@ def tree_speculative_sampling_reference(
     if draft_probs is None:
         walk, token = walk_target_only(target_probs, tree, seed, offset)
     else:
-        coins = request_uniforms(seed, offset, batch, num_nodes)  # step 2: slot i - 1, node i
+        coins = request_uniforms(seed, offset, batch, num_nodes)  # rule 4: slot i - 1, node i
         walk, state = walk_with_drafts(draft_probs, target_probs, tree, coins, with_replacement)
         token = draw_token(draft_probs, target_probs, walk, state, seed, offset)
     return write_outputs(tree, walk, token)

@@ -1,4 +1,5 @@
-"""Which Philox slot each random number of one tree request uses (docs/tree.md, "Philox slots").
+"""Which Philox slot each random number of one tree request uses (docs/randomness.md, "Slots of
+a tree request").
 
 M nodes (node i = 1..M; node 0 is the root), K = ceil(V / CHUNK_SIZE) vocabulary chunks; a call
 draws tokens by the chunked race in numbered draws r = 0, 1, ..., each with its own block of
