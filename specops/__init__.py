@@ -9,9 +9,11 @@ Layout: ``core/`` holds what every sampler shares, each sampler has its own pack
 token and block verification, ``tree/`` tree verification); docs/contributing.md has the map.
 """
 
-from .api import chain_speculative_sampling, tree_speculative_sampling
+from .api import (chain_speculative_sampling, chain_speculative_sampling_from_logits,
+                  tree_speculative_sampling)
 from .warmup import warmup
 from .core.race import CHUNK_SIZE
 
-__all__ = ["chain_speculative_sampling", "tree_speculative_sampling", "warmup", "CHUNK_SIZE"]
+__all__ = ["chain_speculative_sampling", "chain_speculative_sampling_from_logits",
+           "tree_speculative_sampling", "warmup", "CHUNK_SIZE"]
 __version__ = "0.1.0"

@@ -15,13 +15,15 @@ what graphs hold.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from .chain.arguments import ArgumentNames, check_arguments, check_counters_apart
 from .chain.block import op as _block_op
+from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
+from .core import logits as _params
 from .core.checks import require_tensor
 from .core.registry import skips_dispatcher
 from .core.seeding import SeedLike, resolve_seed_and_offset
@@ -33,7 +35,20 @@ PUBLIC_NAMES = ArgumentNames(
     accepted_num="maybe_output_accepted_token_num",
     emitted_num="maybe_output_emitted_draft_token_num",
 )
+LOGITS_NAMES = LogitsNames(chain=PUBLIC_NAMES._replace(target_probs="target_logits"))
 VERIFICATIONS = ("token", "block")
+# Python-number sampling parameters as the ops' tensors, per (parameter, value, device).
+_PARAMETER_CONSTANTS: dict = {}
+Number = Union[int, float, torch.Tensor, None]
+
+
+def _counters(accepted, emitted, batch, device):
+    """The given counters, or new int32 zeros."""
+    if accepted is None:
+        accepted = torch.zeros(batch, dtype=torch.int32, device=device)
+    if emitted is None:
+        emitted = torch.zeros(batch, dtype=torch.int32, device=device)
+    return accepted, emitted
 
 
 def chain_speculative_sampling(
@@ -103,6 +118,78 @@ def chain_speculative_sampling(
     output = verifier.registered.op(draft_probs, draft_token_ids, target_probs, accepted, emitted,
                                     seed_t, offset_t, deterministic)
     return output, accepted, emitted
+
+
+def chain_speculative_sampling_from_logits(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+    maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+    *,
+    temperature: Number = 1.0,
+    top_k: Number = None,
+    top_p: Number = None,
+    min_p: Number = None,
+    draft_logits: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+    verification: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Speculative sampling of a chain of drafts against the distributions each request's
+    sampling parameters make of the target's logits (docs/semantics.md, "Verification from
+    logits"): temperature (0: greedy), min-p, top-k, top-p, in vLLM's order, then the rules of
+    ``chain_speculative_sampling``.
+
+    Args:
+        draft_probs: (B, N, V) float32/float16/bfloat16 draft probabilities the drafts were drawn
+            from, or None: drawn from ``draft_logits`` processed with the same parameters, or, when
+            that is None too, chosen greedily (one-hot drafts).
+        draft_token_ids: (B, N) int32/int64 draft tokens; -1 (or any id outside [0, V)) ends a
+            shorter draft.
+        target_logits: (B, N + 1, V) float32/float16/bfloat16 target logits; NaN and infinite
+            logits count as -inf.
+        maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num: (B,) counters
+            added to in place, as in ``chain_speculative_sampling``.
+        temperature: >= 0 (0: greedy: the largest logit, the lowest index on ties); top_k: >= 0
+            (0 or None: off); top_p: in (0, 1] (1 or None: off); min_p: in [0, 1] (0 or None:
+            off). Each a number for every request or a tensor of 1 or B values on the logits'
+            device (temperature, top_p, min_p float32/float64; top_k int32/int64).
+        draft_logits: (B, N, V) the draft's logits, of target_logits' dtype, instead of
+            draft_probs.
+        generator, seed, offset, verification: as in ``chain_speculative_sampling``.
+
+    Returns:
+        (output_token_ids (B, N + 1) int32, accepted, emitted), as ``chain_speculative_sampling``.
+    """
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
+    if not isinstance(target_logits, torch.Tensor):
+        raise TypeError(f"target_logits must be a tensor; got {type(target_logits).__name__}")
+    device = target_logits.device
+    batch = target_logits.shape[0] if target_logits.dim() > 0 else 0
+    accepted, emitted = _counters(maybe_output_accepted_token_num,
+                                  maybe_output_emitted_draft_token_num, batch, device)
+    verifier = (_op.chain_speculative_sampling_from_logits_op if verification == "token"
+                else _block_op.chain_block_speculative_sampling_from_logits_op)
+    eager = skips_dispatcher(verifier.registered, device, draft_probs, draft_token_ids,
+                             target_logits, draft_logits, accepted, emitted, seed, offset,
+                             temperature, top_k, top_p, min_p)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
+    cache = _PARAMETER_CONSTANTS if eager else None  # a traced call builds its own constants
+    parameters = {name: _params.as_parameter(name, value, device, cache)
+                  for name, value in (("temperature", temperature), ("top_k", top_k),
+                                      ("top_p", top_p), ("min_p", min_p))}
+    check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
+                           emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
+    if eager or not torch.compiler.is_compiling():
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+    args = (draft_probs, draft_token_ids, target_logits, draft_logits, accepted, emitted, seed_t,
+            offset_t, *parameters.values())
+    if eager:
+        return verifier.run(*args, names=LOGITS_NAMES), accepted, emitted
+    return verifier.registered.op(*args), accepted, emitted
 
 
 def tree_speculative_sampling(

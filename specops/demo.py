@@ -6,17 +6,20 @@ batch of sequences two ways (each step compiled and captured in a CUDA graph on 
 CPU, where compiling these small steps makes them slower):
 
 * speculative: the draft proposes N characters, the target scores all N + 1 positions in one call,
-  and specops.chain_speculative_sampling decides what to keep;
+  and specops.chain_speculative_sampling_from_logits decides what to keep, from both models'
+  logits and the sampling parameters (--temperature, --top-k, --top-p, --min-p);
 * target-only: one target call per character.
 
 With ``--tree WIDTHxDEPTH`` the speculative loop proposes a full tree instead (every node WIDTH
 children, DEPTH levels; the children drawn from the draft model, with or without replacement, or
 its top-k, verified target-only: ``--tree-children``), specops.tree_speculative_sampling verifies
-it, and the chain of the same depth runs too, for comparison.
+it, and the chain of the same depth runs too, for comparison. The tree op verifies probabilities,
+not logits, so the sampling parameters keep their defaults with ``--tree``.
 
 It prints characters per target call (the gain of speculative decoding, whatever a target call
 costs) and a measured check of the lossless guarantee: the characters the speculative loop
-generated must follow the target model's conditional distributions as target-only samples do,
+generated must follow the target model's conditional distributions, processed by the sampling
+parameters, as target-only samples do,
 while draft-only samples (a control) must fail the same test. Then the time both loops took here.
 """
 
@@ -30,6 +33,7 @@ from pathlib import Path
 import torch
 
 import specops
+from specops.core.logits import processed_rows
 from specops.progress import Progress
 from specops.stats import chi2_pvalue
 
@@ -110,6 +114,32 @@ def build_models(text: str, draft_order: int = 3) -> NgramModels:
 
 
 
+# ----------------------------------------------------------------------------- sampling
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling parameters, the same for every sequence (docs/semantics.md,
+    "Verification from logits")."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def processed(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distributions (..., V) these parameters make of logits (..., V): the rule the op
+        applies, so that the drafts and the target-only samples follow it too."""
+        flat = logits.reshape(-1, logits.shape[-1])
+        rows = flat.shape[0]
+
+        def each(value, dtype):
+            return torch.full((rows,), value, dtype=dtype, device=logits.device)
+
+        out = processed_rows(flat, each(self.temperature, torch.float32),
+                             each(self.top_k, torch.int64), each(self.top_p, torch.float32),
+                             each(self.min_p, torch.float32))
+        return out.reshape(logits.shape)
+
+
 # ----------------------------------------------------------------------------- decoding
 def sample(probs: torch.Tensor) -> torch.Tensor:
     """One token per row of (..., V) probabilities: exponential race (argmax p / Exp(1)).
@@ -153,13 +183,15 @@ class Decoder:
     """Static buffers plus the decode steps; every step updates the buffers in place."""
 
     def __init__(self, models: NgramModels, prompts: torch.Tensor, length: int, draft_len: int,
-                 verification: str = "token", tree: tuple[int, int] | None = None,
-                 tree_children: str = "sampled", greedy: bool = False):
+                 verification: str = "token", sampling: Sampling = Sampling(),
+                 tree: tuple[int, int] | None = None, tree_children: str = "sampled",
+                 greedy: bool = False):
         self.models = models
+        self.sampling = sampling
         self.verification = verification  # "token" or "block" (docs/block.md)
         self.tree = tree  # (width, depth) for tree_step
         self.tree_children = tree_children
-        self.greedy = greedy  # chain drafts: the draft's argmax, verified with draft_probs=None
+        self.greedy = greedy  # chain drafts: the draft's argmax, verified as one-hot drafts
         self.n = draft_len if tree is None else tree[1]
         draft_len = self.n
         self.batch = prompts.shape[0]
@@ -188,9 +220,10 @@ class Decoder:
         index = self.lengths[:, None] - CONTEXT + torch.arange(CONTEXT, device=self.lengths.device)
         return self.tokens.gather(1, index)
 
-    def _target_rows(self, chars: torch.Tensor) -> torch.Tensor:
-        """Target probabilities after each window of 3 characters: (B, L) -> (B, L - 2, V)."""
-        return rows(self.models.target, chars, TARGET_ORDER)
+    def _target_logits(self, chars: torch.Tensor) -> torch.Tensor:
+        """Target logits (log-probabilities; -inf where a character never follows) after each
+        window of 3 characters: (B, L) -> (B, L - 2, V)."""
+        return rows(self.models.target, chars, TARGET_ORDER).log()
 
     def _append(self, new: torch.Tensor, count: torch.Tensor) -> None:
         """Write the first count[b] tokens of new[b] after each sequence; finished ones stay put."""
@@ -206,21 +239,24 @@ class Decoder:
 
     def speculative_step(self) -> None:
         context = self._context()
-        chars, drafts, draft_rows = context, [], []
+        chars, drafts, draft_logits = context, [], []
         for _ in range(self.n):  # the draft proposes N characters, one cheap call each
-            q = draft_row(self.models, chars)
-            token = q.argmax(dim=-1) if self.greedy else sample(q)
+            logits = draft_row(self.models, chars).log()
+            probs = self.sampling.processed(logits)
+            token = logits.argmax(dim=-1) if self.greedy else sample(probs)
             drafts.append(token)
-            draft_rows.append(q)
+            draft_logits.append(logits)
             chars = torch.cat([chars, token[:, None]], dim=1)
         draft_ids = torch.stack(drafts, dim=1)  # (B, N)
-        draft_probs = torch.stack(draft_rows, dim=1)  # (B, N, V)
-        target_probs = self._target_rows(chars)  # (B, N + 1, V): one target call
+        target_logits = self._target_logits(chars)  # (B, N + 1, V): one target call
         # seed=None: the wrapper draws seed and offset with a device-side op, traced by
         # torch.compile and redrawn on every CUDA-graph replay (a Python int would be frozen).
-        output, _, _ = specops.chain_speculative_sampling(
-            None if self.greedy else draft_probs, draft_ids, target_probs, self.accepted,
-            self.emitted, verification=self.verification,
+        s = self.sampling
+        output, _, _ = specops.chain_speculative_sampling_from_logits(
+            None, draft_ids, target_logits, self.accepted, self.emitted,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+            draft_logits=None if self.greedy else torch.stack(draft_logits, dim=1),
+            verification=self.verification,
         )
         self._append(output.long(), (output >= 0).sum(dim=1))
 
@@ -252,7 +288,7 @@ class Decoder:
         self.emitted.add_(emitted)  # every row, as the chain op's counter counts
 
     def target_step(self) -> None:
-        p = self._target_rows(self._context())[:, 0]  # (B, V)
+        p = self.sampling.processed(self._target_logits(self._context())[:, 0])  # (B, V)
         self._append(sample(p)[:, None], torch.ones_like(self.lengths))
 
 
@@ -314,11 +350,13 @@ class FitResult:
 BINS = 10
 
 
-def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, seed: int) -> FitResult:
-    """Do the generated characters follow the target's conditionals? (probability integral transform)
+def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, seed: int,
+                  sampling: Sampling = Sampling()) -> FitResult:
+    """Do the generated characters follow the target's conditionals, processed by the sampling
+    parameters? (probability integral transform)
 
     Each generated character x (columns ``start`` on of the CPU tensor ``seq``) is placed within the
-    target's row for its 3-character context, characters ordered from most to least likely:
+    processed target row for its 3-character context, characters ordered from most to least likely:
     u = P(the characters more likely than x) + U * P(x), with U uniform on (0, 1). When every
     character is a draw from its row, every u is uniform on (0, 1) and independent of the u before
     it, so the u of all characters, whatever their contexts, fall evenly into BINS equal bins: the
@@ -328,7 +366,7 @@ def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, seed: int)
     v = models.vocab
     # (3-character context, next character) of every generated character, as one base-V number.
     pairs = window_index(seq, v, TARGET_ORDER)[:, start - CONTEXT :].reshape(-1)
-    rows = models.target.double()[pairs // v]  # (characters, V)
+    rows = sampling.processed(models.target[pairs // v].log()).double()  # (characters, V)
     x = (pairs % v)[:, None]
     p_x = rows.gather(1, x)
     token = torch.arange(v)[None, :]
@@ -340,11 +378,12 @@ def fit_to_target(models: NgramModels, seq: torch.Tensor, start: int, seed: int)
                      (counts / max(len(pairs), 1)).tolist())
 
 
-def draft_only_samples(models: NgramModels, prompts: torch.Tensor, length: int) -> torch.Tensor:
+def draft_only_samples(models: NgramModels, prompts: torch.Tensor, length: int,
+                       sampling: Sampling = Sampling()) -> torch.Tensor:
     """The control: sequences sampled from the draft model alone (they must fail the check)."""
     seq = prompts
     for _ in range(length):
-        q = draft_row(models, seq)
+        q = sampling.processed(draft_row(models, seq).log())
         seq = torch.cat([seq, sample(q)[:, None]], dim=1)
     return seq
 
@@ -373,6 +412,25 @@ def tree_arg(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(
             f"{text} makes a tree of {nodes} nodes; at most {MAX_TREE_NODES}")
     return int(width), int(depth)
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def parameter_arg(name: str, kind, low: float, high: float, low_open: bool = False):
+    """An argparse type for a sampling parameter in [low, high] ((low, high] when low_open)."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value < low or value > high or (
+                low_open and value == low):
+            raise argparse.ArgumentTypeError(f"expected {name} in {interval}, got {text!r}")
+        return value
+    return parse
 
 
 def device_arg(text: str) -> torch.device:
@@ -410,15 +468,31 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="judge each draft alone (token) or the drafts as a block (docs/block.md)")
     parser.add_argument("--tree", type=tree_arg, metavar="WIDTHxDEPTH",
                         help="propose a full tree (WIDTH children per node, DEPTH levels) and "
-                             "verify it with specops.tree_speculative_sampling, beside the chain of "
-                             "N = DEPTH drafts (--draft-len does not apply)")
+                             "verify it with specops.tree_speculative_sampling, beside the chain "
+                             "of N = DEPTH drafts (--draft-len does not apply; the sampling "
+                             "parameters keep their defaults)")
     parser.add_argument("--tree-children", choices=TREE_CHILDREN, default="sampled",
                         help="a tree's children: drawn from the draft model i.i.d. (sampled) or "
                              "without replacement (distinct), both verified with the draft "
                              "probabilities; or its top-k, verified target-only (the chain then "
                              "has greedy drafts)")
     parser.add_argument("--no-compile", action="store_true", help="run the steps eagerly on any device")
-    return parser.parse_args(argv)
+    parser.add_argument("--temperature", type=parameter_arg("a number", float, 0, float("inf")),
+                        default=1.0, help="sampling temperature; 0 is greedy decoding")
+    parser.add_argument("--top-k", type=parameter_arg("a whole number", int, 0, float("inf")),
+                        default=0, help="keep the k most likely characters; 0 is off")
+    parser.add_argument("--top-p", type=parameter_arg("a number", float, 0, 1, low_open=True),
+                        default=1.0, help="keep the most likely characters of mass >= top-p; 1 is off")
+    parser.add_argument("--min-p", type=parameter_arg("a number", float, 0, 1), default=0.0,
+                        help="keep the characters of probability >= min-p times the largest; 0 is off")
+    args = parser.parse_args(argv)
+    # The tree op verifies probabilities; there is no tree verification from logits to take them.
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
+             if getattr(args, name) != parser.get_default(name)]
+    if args.tree is not None and given:
+        parser.error(f"--tree verifies the models' probabilities as they are; sampling "
+                     f"parameters ({', '.join(given)}) are for chains only")
+    return args
 
 
 def plural(count: int, word: str) -> str:
@@ -449,7 +523,8 @@ def main(argv=None) -> dict:
     prompt_len = 8
     starts = torch.randint(0, len(text) - prompt_len, (args.batch_size,)).tolist()
     prompts = torch.tensor([models.encode(text[s : s + prompt_len]) for s in starts], device=device)
-    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification,
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
+    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification, sampling,
                       tree=args.tree, tree_children=args.tree_children)
     draft_len = decoder.n
     check_every = 8 if device.type == "cuda" else 1
@@ -463,7 +538,7 @@ def main(argv=None) -> dict:
     generated = args.batch_size * args.length
     chain_per_call = None
     if args.tree is not None:  # the chain of the same depth, for comparison
-        chain = Decoder(models, prompts, args.length, draft_len, args.verification,
+        chain = Decoder(models, prompts, args.length, draft_len, args.verification, sampling,
                         greedy=args.tree_children == "top-k")
         chain_run, _ = make_runner(chain.speculative_step, chain, device, backend)
         decode(chain_run, chain, "chain", check_every)
@@ -475,8 +550,8 @@ def main(argv=None) -> dict:
 
     # The lossless check, on the CPU.
     cpu_models = models.to("cpu")
-    control = draft_only_samples(cpu_models, prompts.cpu(), args.length)
-    results = {name: fit_to_target(cpu_models, seq.cpu(), prompt_len, args.seed)
+    control = draft_only_samples(cpu_models, prompts.cpu(), args.length, sampling)
+    results = {name: fit_to_target(cpu_models, seq.cpu(), prompt_len, args.seed, sampling)
                for name, seq in (("speculative (specops)", spec_tokens), ("target-only", target_tokens),
                                  ("draft-only (control)", control))}
     spec, ctrl = results["speculative (specops)"], results["draft-only (control)"]
@@ -498,7 +573,8 @@ def main(argv=None) -> dict:
     print(f"\nsample, prompt + generated: {prompt!r} + {continuation!r}")
     if args.tree is None:
         print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
-              f"N = {args.draft_len} draft characters per step")
+              f"N = {args.draft_len} draft characters per step; temperature {args.temperature:g}, "
+              f"top-k {args.top_k}, top-p {args.top_p:g}, min-p {args.min_p:g}")
         print(f"  characters per target call   {per_call:.2f}  "
               f"(target-only: 1; {args.verification} verification)")
     else:

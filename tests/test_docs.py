@@ -118,6 +118,20 @@ def test_demo_eager_options():
     assert "TOO FEW CHARACTERS" in out, out  # 12 characters cannot reject the control
 
 
+@pytest.mark.parametrize("flags", [
+    ["--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01"],
+    ["--temperature", "1.5", "--top-p", "0.8", "--verification", "block"],
+    ["--temperature", "0"],
+], ids=["token-all-parameters", "block-top-p", "greedy"])
+def test_demo_with_sampling_parameters_is_lossless(flags):
+    """The demo verifies from logits with the parameters given; its check compares the output
+    with the processed target rows, so a path that ignored a parameter would fail it."""
+    out = run(["-m", "specops.demo", "--batch-size", "64", "--length", "160", "--seed", "1",
+               *flags], 120)
+    assert f"temperature {flags[1]}" in out, out
+    assert "lossless check               PASS" in out, out
+
+
 def test_contributing_interpreter_demo_command_passes():
     """contributing.md's command: the demo through the Triton kernel under the interpreter."""
     command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 32"
@@ -141,6 +155,10 @@ def test_demo_bad_flags_get_their_own_one_line_message():
     assert "--batch-size: expected a whole number >= 1, got 'x'" in demo_error("--batch-size", "x")
     assert "--length: expected a whole number >= 1, got '-3'" in demo_error("--length", "-3")
     assert "--device: expected cpu or cuda, got 'tpu'" in demo_error("--device", "tpu")
+    assert "--temperature: expected a number in [0, inf], got '-1'" in demo_error("--temperature", "-1")
+    assert "--top-k: expected a whole number in [0, inf], got '2.5'" in demo_error("--top-k", "2.5")
+    assert "--top-p: expected a number in (0, 1], got '0'" in demo_error("--top-p", "0")
+    assert "--min-p: expected a number in [0, 1], got 'x'" in demo_error("--min-p", "x")
     if not torch.cuda.is_available():
         assert "--device: CUDA is not available" in demo_error("--device", "cuda")
 
@@ -161,6 +179,9 @@ def test_demo_tree_reports_against_the_chain_and_is_lossless(children):
     (["--tree", "0x2"], "--tree: expected WIDTHxDEPTH, such as 2x4; got '0x2'"),
     (["--tree", "4x8"], "--tree: 4x8 makes a tree of 87380 nodes; at most 1023"),
     (["--tree-children", "all"], "--tree-children: invalid choice: 'all'"),
+    (["--tree", "2x2", "--top-k", "3", "--min-p", "0.1"],
+     "--tree verifies the models' probabilities as they are; sampling parameters (--top-k, "
+     "--min-p) are for chains only"),
 ])
 def test_demo_tree_flags_get_one_line_messages(args, message, capsys):
     import specops.demo
@@ -209,13 +230,15 @@ def test_benchmark_quick(tmp_path):
 def test_demo_check_catches_a_biased_sampler(monkeypatch, capsys):
     import specops.demo
 
-    honest = specops.chain_speculative_sampling
+    honest = specops.chain_speculative_sampling_from_logits
 
-    def biased(draft_probs, draft_token_ids, target_probs, *args, **kwargs):
-        # Target rows scaled by 3: drafts are accepted far too often, so the output leans to the draft.
-        return honest(draft_probs, draft_token_ids, target_probs * 3, *args, **kwargs)
+    def biased(draft_probs, draft_token_ids, target_logits, *args, draft_logits, **kwargs):
+        # Target logits pulled half-way to the draft's: the output leans to the draft.
+        target_logits = (target_logits + torch.nn.functional.pad(draft_logits, (0, 0, 0, 1))) / 2
+        return honest(draft_probs, draft_token_ids, target_logits, *args,
+                      draft_logits=draft_logits, **kwargs)
 
-    monkeypatch.setattr(specops, "chain_speculative_sampling", biased)
+    monkeypatch.setattr(specops, "chain_speculative_sampling_from_logits", biased)
     threads = torch.get_num_threads()
     try:
         result = specops.demo.main(["--batch-size", "64", "--length", "160", "--device", "cpu"])

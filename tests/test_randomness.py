@@ -206,3 +206,70 @@ def test_sampler_uses_documented_slots():
         assert int(out[b, e]) == token, (b, e)
         chunks_hit.add(k)
     assert chunks_hit == {0, 1, 2}
+
+
+# ----------------------------------------------------------------------------------------------
+# The fast variants: request_uniforms_fast (fewer torch operations) and request_uniforms_host (one
+# request, on Python ints) give request_uniforms' numbers bit for bit.
+
+EXTREMES = [0, 1, -1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, -(2**63), -(2**32), 0x9E3779B9]
+
+
+def random_int64(g: torch.Generator, n: int) -> torch.Tensor:
+    values = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g, dtype=torch.int64)
+    extremes = torch.tensor(EXTREMES, dtype=torch.int64)
+    return torch.cat([extremes[torch.randint(0, len(EXTREMES), (n // 4,), generator=g)],
+                      values])[torch.randperm(n + n // 4, generator=g)][:n]
+
+
+@pytest.mark.parametrize("batch", [0, 1, 3, 17])
+@pytest.mark.parametrize("num_slots", [1, 6, 37, 130])
+@pytest.mark.parametrize("per_request_seed", [False, True])
+@pytest.mark.parametrize("per_request_offset", [False, True])
+def test_fast_uniforms_match_plain(batch, num_slots, per_request_seed, per_request_offset):
+    g = torch.Generator().manual_seed(batch * 1000 + num_slots)
+    for _ in range(4):  # repeated calls of one shape reuse the buffers: nothing may carry over
+        seed = random_int64(g, batch if per_request_seed else 1)
+        offset = random_int64(g, batch if per_request_offset else 1)
+        want = R.request_uniforms(seed, offset, batch, num_slots)
+        got = R.request_uniforms_fast(seed, offset, batch, num_slots)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.equal(got, want)
+
+
+def test_fast_uniforms_in_inference_mode_and_threads():
+    """The buffers of a shape are per thread; results stay right when threads share a shape."""
+    import threading
+
+    g = torch.Generator().manual_seed(3)
+    cases = [(random_int64(g, 1), random_int64(g, 5)) for _ in range(8)]
+    wanted = [R.request_uniforms(s, o, 5, 40) for s, o in cases]
+    with torch.inference_mode():
+        assert torch.equal(R.request_uniforms_fast(*cases[0], 5, 40), wanted[0])
+    failures = []
+
+    def work(k):
+        for _ in range(50):
+            for (seed, offset), want in zip(cases[k::2], wanted[k::2]):
+                if not torch.equal(R.request_uniforms_fast(seed, offset, 5, 40), want):
+                    failures.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+
+
+@pytest.mark.parametrize("num_slots", [1, 2, 37, 130])
+def test_host_uniforms_match_plain(num_slots):
+    g = torch.Generator().manual_seed(num_slots)
+    seeds, offsets = random_int64(g, 40).tolist(), random_int64(g, 40).tolist()
+    for seed, offset in zip(seeds, offsets):
+        want = R.request_uniforms(torch.tensor([seed]), torch.tensor([offset]), 3, num_slots)
+        for stream in range(3):  # one seed for a batch of 3: the stream is the row
+            assert R.request_uniforms_host(seed, offset, stream, num_slots) == want[stream].tolist()
+    for stream in (2**31, 2**32 - 1):  # streams beyond any batch, against the Python model
+        got = R.request_uniforms_host(-5, 2**40, stream, num_slots)
+        assert got == [expected_uniform(-5, 2**40, stream, s) for s in range(num_slots)]

@@ -265,15 +265,20 @@ def test_large_vocab_one_hot_drafts():
 
 def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
     num_draft = 3
-    real = specops.chain.token.reference.request_uniforms
 
-    def biased_uniforms(seed, offset, batch_size, num_slots):
-        u = real(seed, offset, batch_size, num_slots).clone()
-        u[:, :num_draft] *= 0.9  # acceptance coins: P(accept) = min(1, p / (0.9 q))
-        return u
+    def biased(real):
+        def biased_uniforms(seed, offset, batch_size, num_slots):
+            u = real(seed, offset, batch_size, num_slots).clone()
+            u[:, :num_draft] *= 0.9  # acceptance coins: P(accept) = min(1, p / (0.9 q))
+            return u
 
-    # The reference looks the function up at call time, so patching its module global works.
-    monkeypatch.setattr(specops.chain.token.reference, "request_uniforms", biased_uniforms)
+        return biased_uniforms
+
+    # The reference and the CPU backend look their functions up at call time, so patching their
+    # module globals works.
+    for module, name in ((specops.chain.token.reference, "request_uniforms"),
+                         (specops.chain.token.cpu, "request_uniforms_fast")):
+        monkeypatch.setattr(module, name, biased(getattr(module, name)))
     biased = lossless_pvalues(seed=0, num_draft=num_draft)
     monkeypatch.undo()
     honest = lossless_pvalues(seed=0, num_draft=num_draft)

@@ -37,18 +37,14 @@ class ArgumentNames(NamedTuple):
 OP_NAMES = ArgumentNames()
 
 
-def _device_error(name: str, t: torch.Tensor, device: torch.device) -> ValueError:
-    return device_error(name, t, device, "target_probs")
-
-
-def _check_counter(name: str, counter, batch, device) -> None:
+def _check_counter(name: str, counter, batch, device, reference: str) -> None:
     require_tensor(name, counter)
     if counter.dim() != 1 or counter.shape[0] != batch:
         raise ValueError(f"{name} must have shape (batch_size,) = ({batch},); got {shape(counter)}")
     if counter.dtype not in INDEX_DTYPES:
         raise dtype_error(name, counter, INDEX_DTYPES)
     if counter.device != device:
-        raise _device_error(name, counter, device)
+        raise device_error(name, counter, device, reference)
     if counter.stride(0) == 0 and batch > 1:
         raise ValueError(
             f"{name} must have one element per request; got a tensor whose {batch} elements share "
@@ -57,7 +53,7 @@ def _check_counter(name: str, counter, batch, device) -> None:
         )
 
 
-def _check_seed_like(name: str, t, batch, device) -> None:
+def _check_seed_like(name: str, t, batch, device, reference: str) -> None:
     require_tensor(name, t)
     if t.dim() != 1 or (t.shape[0] != 1 and t.shape[0] != batch):
         raise ValueError(
@@ -67,7 +63,7 @@ def _check_seed_like(name: str, t, batch, device) -> None:
     if t.dtype != torch.int64:
         raise dtype_error(name, t, (torch.int64,))
     if t.device != device:
-        raise _device_error(name, t, device)
+        raise device_error(name, t, device, reference)
 
 
 def check_arguments(
@@ -147,7 +143,7 @@ def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_nu
     if draft_token_ids.dtype not in INDEX_DTYPES:
         raise dtype_error(names.draft_token_ids, draft_token_ids, INDEX_DTYPES)
     if draft_token_ids.device != device:
-        raise _device_error(names.draft_token_ids, draft_token_ids, device)
+        raise device_error(names.draft_token_ids, draft_token_ids, device, names.target_probs)
 
     if draft_probs is not None:
         require_tensor(names.draft_probs, draft_probs)
@@ -164,12 +160,12 @@ def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_nu
                 f"({dtype_name(target_probs.dtype)}); got {dtype_name(draft_probs.dtype)}"
             )
         if draft_probs.device != device:
-            raise _device_error(names.draft_probs, draft_probs, device)
+            raise device_error(names.draft_probs, draft_probs, device, names.target_probs)
 
-    _check_counter(names.accepted_num, accepted_num, batch, device)
-    _check_counter(names.emitted_num, emitted_num, batch, device)
-    _check_seed_like(names.seed, seed, batch, device)
-    _check_seed_like(names.offset, offset, batch, device)
+    _check_counter(names.accepted_num, accepted_num, batch, device, names.target_probs)
+    _check_counter(names.emitted_num, emitted_num, batch, device, names.target_probs)
+    _check_seed_like(names.seed, seed, batch, device, names.target_probs)
+    _check_seed_like(names.offset, offset, batch, device, names.target_probs)
 
 
 def check_counters_apart(
@@ -218,6 +214,7 @@ def check_values(
     draft_token_ids: torch.Tensor,
     target_probs: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
+    probabilities: bool = True,
 ) -> None:
     """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
 
@@ -232,7 +229,10 @@ def check_values(
             f"{names.draft_token_ids} must be -1 (padding) or in [0, {vocab}); "
             f"got {value} at index {where} (SPECOPS_VALIDATE=1)"
         )
-    for name, probs in ((names.target_probs, target_probs), (names.draft_probs, draft_probs)):
+    # probabilities=False: target_probs holds logits, which their own check reads.
+    checked = ((names.target_probs, target_probs if probabilities else None),
+               (names.draft_probs, draft_probs))
+    for name, probs in checked:
         if probs is None:
             continue
         where = first_bad_index(~((probs >= 0) & (probs < PROBABILITY_BOUND)))

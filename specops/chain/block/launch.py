@@ -9,6 +9,7 @@ import torch
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
 from ...core.race import CHUNK_SIZE, num_chunks
+from ..from_logits import on_processed_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
@@ -97,3 +98,7 @@ def block_speculative_sampling_triton(
     scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
     SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)
     return out
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_triton = on_processed_rows(block_speculative_sampling_triton)

@@ -15,7 +15,8 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import sanitize
 from ..drafts import at_draft_ids
-from ...core.race import chunk_masses, sample_rows
+from ..from_logits import on_processed_rows
+from ...core.race import chunk_masses, num_chunks, sample_rows
 from ...core.sums import exact_total
 from ...core.randomness import request_uniforms
 from . import slots
@@ -88,8 +89,13 @@ def stop_probabilities(rows: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     exact totals of the race's chunk masses (core/sums.py). h_0 is never used.
     """
     batch, positions, vocab = rows.shape
-    row_mass = exact_total(chunk_masses(rows.reshape(batch * positions, vocab)))
-    row_mass = row_mass.reshape(batch, positions)
+    masses = chunk_masses(rows.reshape(batch * positions, vocab))
+    return stop_probabilities_of_masses(masses.reshape(batch, positions, num_chunks(vocab)), drafts)
+
+
+def stop_probabilities_of_masses(masses: torch.Tensor, drafts: Drafts) -> torch.Tensor:
+    """Step 6 from the chunk masses (B, N + 1, K) of the rows R_t: (B, N + 1) float64."""
+    row_mass = exact_total(masses)
     w = drafts.weights
     mass = torch.where(drafts.ended, w * row_mass, row_mass)
     denominator = mass + (1.0 - w)
@@ -134,3 +140,7 @@ def block_speculative_sampling_reference(
     token = sample_at(rows, target_probs, tau, drafts)
     # Step 9: d_0..d_{tau-1}, the token, then -1; the counters.
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_reference = on_processed_rows(block_speculative_sampling_reference)

@@ -1,35 +1,48 @@
-"""The CPU backend of chain speculative sampling: the reference's steps with a faster step 5.
+"""The CPU backend of chain speculative sampling: the reference's steps, faster.
 
 Same tokens as ``reference.py`` (tests/test_chain_cpu.py checks the rows and the tokens against it).
 On CPU a question about the data costs no host synchronisation, so this path asks them to skip
-work: it forms each request's sampled row with fewer passes over memory, and hands over to the
-reference's plain step 5 whenever a check fails (docs/decisions.md, "Backends").
+work, and hands over to the reference's plain step 5 whenever a check fails (docs/decisions.md,
+"Validation, backends, environment"):
+  * a single request (B = 1) is decided on the host from its scalars, its uniforms drawn on Python
+    ints, its rows read in place: at that size the fixed cost of each torch operation is most of
+    the cost, and it runs about 30 of them instead of about 270;
+  * a batch draws its uniforms by ``randomness.request_uniforms_fast`` (the same bits from fewer
+    operations) and forms each request's sampled row with fewer passes over memory.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import struct
+from array import array
 
 import torch
 
 from ..outputs import write_outputs
-from ...core.probs import rows_at, sanitize
+from ...core.probs import rows_at
 from ...core.probs import PROBABILITY_BOUND
 from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
+from ...core.randomness import request_uniforms_fast, request_uniforms_host
+from ..from_logits import on_processed_rows
 from . import reference, slots
 
-# PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
-_BOUND_BITS = (117 + 127) << 23
+# The shortcut subtracts draft rows from target rows it has not sanitised. A target value of
+# PROBABILITY_BOUND or more (which counts as 0) minus a draft value below half of it leaves at
+# least half of it, so with clean draft values below HALF_BOUND every such row has a chunk mass of
+# HALF_BOUND or more: those rows, and rows of such masses, take the plain path.
+HALF_BOUND = PROBABILITY_BOUND / 2
+_ONE = torch.ones((), dtype=torch.int64)  # adding k * _ONE in place wraps no Python number
 
 
 def is_clean(rows: torch.Tensor) -> bool:
-    """True when every float32 value is in [0, PROBABILITY_BOUND) (and not -0.0): sanitize would
-    leave it as it is. From one pass over the bits: the bit patterns of those values are exactly
-    the int32 values in [0, _BOUND_BITS); NaN, infinities and negative numbers fall outside."""
+    """True when every float32 value is in [0, HALF_BOUND) (-0.0 included), from one pass: NaN
+    makes both ends NaN, and no comparison with NaN holds."""
     if rows.numel() == 0:
         return True
-    low, high = torch.aminmax(rows.view(torch.int32))
-    return int(low) >= 0 and int(high) < _BOUND_BITS
+    low, high = torch.aminmax(rows)
+    return low.item() >= 0 and high.item() < HALF_BOUND
 
 
 def gather_rows(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -61,12 +74,12 @@ def add_rows_(rows: torch.Tensor, probs: torch.Tensor, position: torch.Tensor) -
 
 def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     """(rows, chunk masses) as ``reference.sampled_rows`` forms them, or None when that plain path
-    must run instead: some chunk mass is NaN, infinite or PROBABILITY_BOUND or more (a value that
-    counts as 0 may be in it), or some residual has no mass.
+    must run instead: a draft row is not clean, some chunk mass is NaN, infinite or HALF_BOUND or
+    more (a value that counts as 0 may be in it), or some residual has no mass.
 
     p_e is neither sanitised nor gathered: the relu of p_e - w q_e (w = 1 where the residual is
-    wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN or +inf shows as a non-finite
-    row mass, and p_e's rows are added to -w q_e where they lie.
+    wanted, 0 elsewhere) zeroes its negative and -inf values, a NaN, +inf or too large value
+    shows in the chunk masses, and p_e's rows are added to -w q_e where they lie.
     """
     e, use_residual = verdict.e, verdict.residual_at_e
     if draft_probs is None:
@@ -75,12 +88,12 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     else:
         rows = gather_rows(draft_probs, e.clamp(max=draft_probs.shape[1] - 1))
         if not is_clean(rows):
-            rows = sanitize(rows)
+            return None
         rows.mul_(-use_residual[:, None].float())
         add_rows_(rows, target_probs, e).clamp_min_(0.0)  # relu(p_e - w * q_e)
     masses = chunk_masses(rows)
     largest = masses.amax(dim=1)  # NaN when any mass is
-    if bool((~(largest < PROBABILITY_BOUND) | (use_residual & (largest == 0))).any()):
+    if bool((~(largest < HALF_BOUND) | (use_residual & (largest == 0))).any()):
         return None
     return rows, masses
 
@@ -101,6 +114,91 @@ def token_in_chunk(rows: torch.Tensor, chunk: torch.Tensor, u: torch.Tensor) -> 
     start = torch.arange(batch) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
     in_whole = inverse_cdf(windows.index_select(0, start), u)
     return torch.where(chunk == full, in_last, in_whole) if tail else in_whole
+
+
+def as_float32(x: float) -> float:
+    """x rounded to float32 (to nearest, ties to even), as float32 arithmetic rounds its exact
+    result."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def sanitized(x: float) -> float:
+    """A probability as ``probs.sanitize`` reads it: NaN, negative, infinite and too large -> 0."""
+    return x if 0.0 < x < PROBABILITY_BOUND else 0.0
+
+
+def float32(rows: torch.Tensor) -> torch.Tensor:
+    """Float32 rows as they are (a view), others as a float32 copy."""
+    return rows if rows.dtype == torch.float32 else rows.float()
+
+
+def one_row(draft_probs, target_probs, e: int, residual: bool, d_e: int):
+    """Step 5's row of a single request, (1, V) float32, as ``sampled_rows_fast`` forms it from
+    rows read in place; None when its draft row is not clean."""
+    p_e = float32(target_probs.select(1, e))
+    if not residual:
+        return p_e.clamp_min(0.0)
+    if draft_probs is None:  # q_e is one-hot at d_e
+        row = p_e.clamp_min(0.0)
+        row[0, d_e] = 0.0
+        return row
+    q_e = float32(draft_probs.select(1, e))
+    return torch.sub(p_e, q_e).clamp_min_(0.0) if is_clean(q_e) else None
+
+
+def chunk_mass_list(row: torch.Tensor) -> list[float]:
+    """``chunk_masses`` of a (1, V) row as a list: the same sums of the same views of the row, not
+    joined into a tensor first."""
+    full, tail = divmod(row.shape[1], CHUNK_SIZE)
+    whole = row.narrow(1, 0, full * CHUNK_SIZE).view(full, CHUNK_SIZE).sum(1).tolist()
+    return whole + row.narrow(1, full * CHUNK_SIZE, tail).sum(1).tolist() if tail else whole
+
+
+def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
+                offset):
+    """The call for B = 1, the reference's steps on the request's scalars: the output row, or
+    None (nothing written) when the row to sample needs the reference's plain step 5."""
+    num_draft, vocab = draft_token_ids.shape[1], target_probs.shape[2]
+    # Its stream is 0: its batch row, or the stream of a request with a seed of its own.
+    u = request_uniforms_host(seed.item(), offset.item(), 0, slots.num_slots(num_draft, vocab))
+    ids = draft_token_ids.tolist()[0]
+    safe_ids = [min(max(d, 0), vocab - 1) for d in ids]
+    # Steps 2-3. Position j's values sit at flat index j * V + d_j of the (1, M, V) rows (an array
+    # becomes a tensor faster than a list). The coin times q is exact in float64 (two 24-bit
+    # significands), so rounding it once gives float32's product.
+    index = torch.frombuffer(array("q", [j * vocab + d for j, d in enumerate(safe_ids)]),
+                             dtype=torch.int64)
+    p = [sanitized(x) for x in target_probs.take(index).tolist()]
+    q = ([1.0] * num_draft if draft_probs is None
+         else [sanitized(x) for x in draft_probs.take(index).tolist()])
+    accepted = [0 <= ids[j] < vocab and as_float32(u[j] * q[j]) < p[j] for j in range(num_draft)]
+    e = accepted.index(False) if False in accepted else num_draft
+    residual = e < num_draft and 0 <= ids[e] < vocab
+
+    # Step 5, where the plain path is not needed.
+    row = one_row(draft_probs, target_probs, e, residual, safe_ids[min(e, num_draft - 1)])
+    if row is None:
+        return None
+    masses = chunk_mass_list(row)
+    if not all(w < HALF_BOUND for w in masses) or (residual and not any(masses)):
+        return None
+    token = -1  # p_e has no mass either
+    if any(masses):
+        # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
+        # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
+        # smallest) and the first smallest key.
+        race = torch.frombuffer(array("d", u[slots.race_slot(num_draft, 0):]), dtype=torch.float64)
+        keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
+        start = keys.index(min(keys)) * CHUNK_SIZE
+        cdf = row[0, start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
+        threshold = u[slots.cdf_slot(num_draft)] * cdf[-1].item()
+        token = start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
+
+    # Steps 4 and 6.
+    accepted_num.add_(_ONE, alpha=sum(accepted))
+    emitted_num.add_(_ONE, alpha=e)
+    output = array("i", ids[:e] + [token] + [-1] * (num_draft - e))
+    return torch.frombuffer(output, dtype=torch.int32).view(1, -1)  # cloned by the caller
 
 
 def in_inference_mode(function):
@@ -127,15 +225,36 @@ def chain_speculative_sampling_cpu(
     offset: torch.Tensor,
 ) -> torch.Tensor:
     """``reference.chain_speculative_sampling_reference`` for CPU tensors, faster."""
-    verdict = reference.verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)
+    if draft_token_ids.shape[0] == 1:
+        output = one_request(draft_probs, draft_token_ids, target_probs, accepted_num,
+                             emitted_num, seed, offset)
+        if output is not None:
+            return output
+    return batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num,
+                             emitted_num, seed, offset)
+
+
+def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                      seed, offset) -> torch.Tensor:
+    """The call for any B: the reference's steps 1-4 on the fast uniforms, then the shortcut
+    step 5 (or the plain one) and the race in chunks read in place."""
+    batch, num_draft = draft_token_ids.shape
+    uniforms = request_uniforms_fast(seed, offset, batch,
+                                     slots.num_slots(num_draft, target_probs.shape[2]))
+    verdict = reference.verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
+                                      uniforms)
     sampled = sampled_rows_fast(draft_probs, target_probs, verdict)
     if sampled is None:
         rows = reference.sampled_rows(draft_probs, target_probs, verdict)
         sampled = rows, chunk_masses(rows)
     rows, masses = sampled
-    num_draft = draft_token_ids.shape[1]
     u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
     chunk, key = race_winner(masses, -torch.log(u_race.double()))
-    token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, verdict.uniforms[:, slots.cdf_slot(num_draft)])
+    u_cdf = verdict.uniforms[:, slots.cdf_slot(num_draft)]
+    token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, u_cdf)
     token = torch.where(torch.isfinite(key), token, -1)
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu)

@@ -11,6 +11,7 @@ import torch
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
 from ...core.race import CHUNK_SIZE, num_chunks
+from ..from_logits import on_processed_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
 
@@ -125,3 +126,7 @@ def chain_speculative_sampling_triton(
                                 compiled.device if compiled else None)
     COMBINE.launch((batch,), combined, combine, (MAX_PROGRAMS_PER_REQUEST,), direct)  # BLOCK_P
     return out
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+chain_speculative_sampling_from_logits_triton = on_processed_rows(chain_speculative_sampling_triton)

@@ -14,6 +14,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.probs import rows_at, sanitize
 from ..drafts import at_draft_ids
+from ..from_logits import on_processed_rows
 from ...core.race import sample_rows
 from ...core.randomness import request_uniforms
 from . import slots
@@ -30,12 +31,15 @@ class Verdict(NamedTuple):
     uniforms: torch.Tensor  # (B, slots) every uniform of the request (docs/randomness.md)
 
 
-def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Verdict:
-    """Steps 1-4: coins, draft length, acceptance of each position, and e."""
+def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
+                  uniforms=None) -> Verdict:
+    """Steps 1-4: coins, draft length, acceptance of each position, and e. ``uniforms``: the
+    request uniforms of (seed, offset) when the caller has drawn them already."""
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device
-    uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
+    if uniforms is None:
+        uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
     coins = uniforms[:, :num_draft]  # step 1
 
     # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
@@ -97,3 +101,7 @@ def chain_speculative_sampling_reference(
     token = sample_rows(rows, u_race, u_cdf)  # -1 when p_e has no mass either
     # Steps 4 and 6: the accepted prefix, the token, then -1; the counters.
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+chain_speculative_sampling_from_logits_reference = on_processed_rows(chain_speculative_sampling_reference)

@@ -1,0 +1,165 @@
+"""The CPU backend of block verification: the reference's steps, without its (B, N + 1, V) rows.
+
+Same tokens and counters as ``reference.py`` (tests/test_block_cpu.py checks them, and the chunk
+masses and stop probabilities, against it). The reference forms every candidate row at once; here
+one (B, V) buffer holds the rows of one position at a time, by the reference's own float32
+operations, and only their chunk masses are kept. Row 0 is formed only for the requests whose tau
+is 0, and of R_tau only the winning chunk is formed again, to draw the token in it. Rows are
+sanitised only when a check of their bits finds a value that ``sanitize`` would change: on CPU a
+question about the data costs no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..from_logits import on_processed_rows
+from ..outputs import write_outputs
+from ...core.probs import PROBABILITY_BOUND, sanitize
+from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
+from . import reference, slots
+
+# Bits of PROBABILITY_BOUND in each probability dtype (float16 rounds it to inf): the values that
+# sanitize leaves as they are have exactly the bit patterns in [0, bound) as signed integers.
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+_BOUND_BITS = {dtype: int(torch.tensor(PROBABILITY_BOUND, dtype=dtype).view(bits))
+               for dtype, bits in _BITS.items()}
+
+
+def is_clean(rows: torch.Tensor) -> bool:
+    """True when ``sanitize`` would leave every value of the (B', V) rows as it is: no NaN,
+    infinity, negative value (-0.0 included) or value of PROBABILITY_BOUND or more."""
+    if rows.numel() == 0:
+        return True
+    bits = rows.view(_BITS[rows.dtype])
+    # amin and amax along the rows: one reduction each, much faster than aminmax over a view.
+    return (int(bits.amin(dim=-1).min()) >= 0
+            and int(bits.amax(dim=-1).max()) < _BOUND_BITS[rows.dtype])
+
+
+def cleaned(rows: torch.Tensor) -> torch.Tensor:
+    """The rows as ``sanitize`` reads them, copied only when some value must change."""
+    return rows if is_clean(rows) else sanitize(rows)
+
+
+def candidate_row(p: torch.Tensor, q: torch.Tensor | None, weight: torch.Tensor,
+                  running: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """R_t of each request at one position t, float32 (B', V), the reference's step 5 one
+    position at a time, with the same float32 operations in the same order.
+
+    p, q: the rows p_t and q_t (B', V); q is None for one-hot drafts (d_t removed where the draft
+    runs) and for t = N, where no draft runs. weight: w_t (B',) float64; running: whether the
+    draft runs at t (B',); ids: d_t, clamped into [0, V). ``out`` is a float32 (B', V) buffer;
+    the result is ``out`` or, where R_t = p_t, p itself.
+    """
+    p = cleaned(p)
+    if not bool(running.any()):  # every draft has ended: R_t = p_t
+        if p.dtype == torch.float32 and p.stride(-1) == 1:
+            return p
+        return out.copy_(p)
+    w = torch.where(running, weight.float(), 1.0)
+    torch.mul(p, w[:, None], out=out)  # (a 16-bit p is read as float32, as sanitize would)
+    if q is None:
+        rows = running.nonzero().squeeze(1)
+        out[rows, ids[rows]] = 0.0
+        return out
+    out.sub_(cleaned(q)).clamp_min_(0.0)
+    ended = (~running).nonzero().squeeze(1)
+    if ended.numel():  # R_t = p_t where the draft has ended
+        out.index_copy_(0, ended, p.index_select(0, ended).float())
+    return out
+
+
+def chunk_at(probs: torch.Tensor, position: torch.Tensor, chunk: torch.Tensor):
+    """(values, vocabulary index) of chunk ``chunk[b]`` of row probs[b, position[b]], both
+    (B, CHUNK_SIZE): the values sanitised, float32, 0 past the vocabulary, as
+    ``core.race.chunk_values`` lays them out. Whole chunks are read as windows of a view, which
+    copies only the chunk (indexing by value index costs far more)."""
+    batch, _, vocab = probs.shape
+    full = vocab // CHUNK_SIZE
+    request = torch.arange(batch)
+    if full:
+        windows = probs[..., : full * CHUNK_SIZE].unfold(2, CHUNK_SIZE, CHUNK_SIZE)
+        values = windows[request, position, chunk.clamp(max=full - 1)]
+    else:
+        values = probs.new_zeros(batch, CHUNK_SIZE)
+    tail = vocab - full * CHUNK_SIZE
+    if tail:  # the last chunk is partial: its values, then zeros
+        in_last = (chunk == full).nonzero().squeeze(1)
+        values[in_last] = 0
+        values[in_last, :tail] = probs[in_last, position[in_last], full * CHUNK_SIZE :]
+    index = chunk[:, None] * CHUNK_SIZE + torch.arange(CHUNK_SIZE)
+    return sanitize(values), index
+
+
+def sampled_chunk(draft_probs, target_probs, drafts: reference.Drafts, tau: torch.Tensor,
+                  chunk: torch.Tensor, has_mass: torch.Tensor) -> torch.Tensor:
+    """The values of the winning chunk of the row ``reference.sample_at`` samples: R_tau where it
+    has mass, else p_tau; (B, CHUNK_SIZE), formed as ``reference.candidate_rows`` forms R_tau."""
+    batch, num_draft = drafts.ids.shape
+    request = torch.arange(batch)
+    p, index = chunk_at(target_probs, tau, chunk)
+    running = ~drafts.ended[request, tau]
+    w = torch.where(running, drafts.weights[request, tau].float(), 1.0)[:, None]
+    draft_at = tau.clamp(max=num_draft - 1)  # q_N = 0 and no draft runs at N
+    if draft_probs is None:
+        removed = running[:, None] & (index == drafts.safe_ids[request, draft_at][:, None])
+        rows = (w * p).masked_fill(removed, 0.0)
+    else:
+        q = torch.where(running[:, None], chunk_at(draft_probs, draft_at, chunk)[0], 0.0)
+        rows = (w * p - q).clamp_min(0.0)
+    return torch.where(has_mass[:, None], rows, p)
+
+
+def block_speculative_sampling_cpu(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted_num: torch.Tensor,
+    emitted_num: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+) -> torch.Tensor:
+    """``reference.block_speculative_sampling_reference`` for CPU tensors, faster."""
+    batch, num_draft = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    drafts = reference.read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)
+    running = ~drafts.ended
+
+    # Steps 5-6: the chunk masses of R_1..R_N, one position at a time; R_0's come after tau.
+    masses = torch.zeros(batch, num_draft + 1, num_chunks(vocab))
+    out = torch.empty(batch, vocab)
+    for t in range(1, num_draft + 1):
+        q = draft_probs[:, t] if draft_probs is not None and t < num_draft else None
+        ids = drafts.safe_ids[:, min(t, num_draft - 1)]
+        row = candidate_row(target_probs[:, t], q, drafts.weights[:, t], running[:, t], ids, out)
+        masses[:, t] = chunk_masses(row)
+    h = reference.stop_probabilities_of_masses(masses, drafts)
+    tau = reference.choose_tau(h, drafts)
+
+    # R_0, for the requests that keep no draft (h_0 is never used, so only these need it).
+    zero = (tau == 0).nonzero().squeeze(1)
+    if zero.numel():
+        q = draft_probs[:, 0].index_select(0, zero) if draft_probs is not None else None
+        p = target_probs[:, 0].index_select(0, zero)
+        row = candidate_row(p, q, drafts.weights[zero, 0], running[zero, 0],
+                            drafts.safe_ids[zero, 0], out[: zero.numel()])
+        masses[zero, 0] = chunk_masses(row)
+
+    # Step 8: the race over R_tau's chunk masses, or p_tau's where R_tau has none.
+    request = torch.arange(batch)
+    sampled = masses[request, tau]
+    has_mass = sampled.sum(dim=1) > 0  # as the reference asks it
+    empty = (~has_mass).nonzero().squeeze(1)
+    if empty.numel():
+        sampled[empty] = chunk_masses(sanitize(target_probs[empty, tau[empty]]))
+    u_race = drafts.uniforms[:, slots.race_slot(num_draft, 0):]
+    chunk, key = race_winner(sampled, -torch.log(u_race.double()))
+    values = sampled_chunk(draft_probs, target_probs, drafts, tau, chunk, has_mass)
+    token = chunk * CHUNK_SIZE + inverse_cdf(values, drafts.uniforms[:, slots.cdf_slot(num_draft)])
+    token = torch.where(torch.isfinite(key), token, -1)
+    return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
+
+
+# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu)

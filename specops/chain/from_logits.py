@@ -1,0 +1,174 @@
+"""Verifiers of a chain of drafts from logits: token and block verification of the distributions
+each request's sampling parameters make of the target's logits (core/logits.py), as registered
+ops with one schema, one fake and one eager entry.
+
+The drafts come from ``draft_probs`` as given, from ``draft_logits`` processed with the same
+parameters, or greedily (neither: one-hot drafts).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from ..core import logits as params
+from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index,
+                          require_tensor, shape, validation_enabled)
+from ..core.registry import Backends, RegisteredOp, register_op
+from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_counters_apart,
+                        check_values)
+
+SCHEMA = (
+    "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, Tensor? draft_logits, "
+    "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
+    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor"
+)
+
+
+class LogitsNames(NamedTuple):
+    """The names a caller gave the checked tensors."""
+
+    chain: ArgumentNames = ArgumentNames(target_probs="target_logits")
+    draft_logits: str = "draft_logits"
+
+
+OP_NAMES = LogitsNames()
+
+
+def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
+                           accepted_num, emitted_num, seed, offset, parameters: dict,
+                           names: LogitsNames = OP_NAMES) -> None:
+    """Shapes, dtypes and devices (the chain ops' checks, with the logits in the target's place),
+    the draft's one source, and the parameter tensors; errors name the argument."""
+    check_arguments(draft_probs=None, draft_token_ids=draft_token_ids,
+                    target_probs=target_logits, accepted_num=accepted_num,
+                    emitted_num=emitted_num, seed=seed, offset=offset, names=names.chain)
+    batch, positions, vocab = target_logits.shape
+    device = target_logits.device
+    if draft_probs is not None and draft_logits is not None:
+        raise ValueError(f"pass {names.chain.draft_probs} or {names.draft_logits}, not both: the "
+                         "drafts came from one distribution")
+    for name, draft in ((names.chain.draft_probs, draft_probs),
+                        (names.draft_logits, draft_logits)):
+        if draft is None:
+            continue
+        require_tensor(name, draft)
+        if tuple(draft.shape) != (batch, positions - 1, vocab):
+            raise ValueError(f"{name} must have shape (batch_size, num_speculate_tokens, "
+                             f"vocab_size) = {(batch, positions - 1, vocab)} to match "
+                             f"{names.chain.target_probs} {shape(target_logits)}; got "
+                             f"{shape(draft)}")
+        if draft.dtype not in PROB_DTYPES:
+            raise dtype_error(name, draft, PROB_DTYPES)
+        if draft is draft_logits and draft.dtype != target_logits.dtype:
+            raise TypeError(f"{name} must have the dtype of {names.chain.target_probs} "
+                            f"({dtype_name(target_logits.dtype)}); got {dtype_name(draft.dtype)}")
+        if draft.device != device:
+            raise device_error(name, draft, device, names.chain.target_probs)
+    params.check_parameters(parameters, batch, device, names.chain.target_probs)
+
+
+def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
+                        parameters: dict, names: LogitsNames = OP_NAMES) -> None:
+    """SPECOPS_VALIDATE=1: the chain ops' id and draft-probability checks, logits that are NaN or
+    +inf (-inf, the usual mask, is a logit like any other), parameters out of range."""
+    check_values(draft_probs, draft_token_ids, target_logits, names.chain, probabilities=False)
+    for name, logits in ((names.chain.target_probs, target_logits),
+                         (names.draft_logits, draft_logits)):
+        if logits is None:
+            continue
+        where = first_bad_index(torch.isnan(logits) | (logits == torch.inf))
+        if where is not None:
+            raise ValueError(f"{name} must be a number or -inf; got {float(logits[where])} at "
+                             f"index {where} (SPECOPS_VALIDATE=1)")
+    params.check_parameter_values(parameters)
+
+
+class LogitsVerifier(NamedTuple):
+    """A registered verifier from logits: the op, and its eager entry for checked arguments."""
+
+    registered: RegisteredOp
+    run: Callable[..., torch.Tensor]
+
+
+def register_logits_verifier(qualname: str, backends: Backends) -> LogitsVerifier:
+    """Register ``torch.ops.<qualname>`` with the from-logits schema. Each backend takes the
+    schema's twelve tensor arguments."""
+
+    def run(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+            emitted_num, seed, offset, temperature, top_k, top_p, min_p,
+            names: LogitsNames = OP_NAMES):
+        torch._C._increment_version((accepted_num, emitted_num))
+        if validation_enabled():
+            check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
+                                dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                     min_p=min_p), names)
+        return backends.run(target_logits.device, draft_probs, draft_token_ids, target_logits,
+                            draft_logits, accepted_num, emitted_num, seed, offset, temperature,
+                            top_k, top_p, min_p)
+
+    def checked(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+        check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
+                               accepted_num, emitted_num, seed, offset,
+                               dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                    min_p=min_p))
+        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
+
+    def kernel(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+               emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+        args = (draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p)
+        checked(*args)
+        return run(*args)
+
+    def fake(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+             emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+        checked(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p)
+        batch, num_draft = draft_token_ids.shape
+        return target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32)
+
+    registered = register_op(qualname, SCHEMA, kernel=kernel, fake=fake,
+                             mutates_args=("accepted_num", "emitted_num"))
+    return LogitsVerifier(registered=registered, run=run)
+
+
+def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:
+    """A parameter of 1 or B values (one per request) as one value per row of the requests'
+    (B, positions, V) rows, flattened: (B * positions,)."""
+    return value.expand(batch).repeat_interleave(positions)
+
+
+def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_k, top_p, min_p):
+    """The (draft_probs, target_probs) the chain rules verify: the target's logits, and the
+    draft's when given, processed by each request's parameters (core/logits.py); draft_probs as
+    given otherwise (None: one-hot drafts)."""
+
+    def processed(logits):
+        batch, positions, vocab = logits.shape
+        rows = params.processed_rows(
+            logits.reshape(batch * positions, vocab), per_row(temperature, batch, positions),
+            per_row(top_k, batch, positions), per_row(top_p, batch, positions),
+            per_row(min_p, batch, positions))
+        return rows.reshape(batch, positions, vocab)
+
+    target_probs = processed(target_logits)
+    if draft_logits is not None:
+        draft_probs = processed(draft_logits)
+    return draft_probs, target_probs
+
+
+def on_processed_rows(verify):
+    """The from-logits backend of a verifier of probabilities: every row processed as
+    ``processed_inputs`` processes it, then ``verify`` on the processed rows."""
+    def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+        draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
+                                                     temperature, top_k, top_p, min_p)
+        return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
+                      seed, offset)
+    backend.__name__ = verify.__name__.replace("_speculative_sampling",
+                                               "_speculative_sampling_from_logits")
+    return backend

@@ -1,0 +1,218 @@
+"""Rows from logits (specops/core/logits.py): the processed distributions against a plain float64
+restatement of the rule, the order of the steps, ties, bad logits and bad parameters, and the
+verifiers' registration, checks and compile behaviour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specops
+from specops.core import logits as processing
+
+OP = torch.ops.specops.chain_speculative_sampling_from_logits
+BLOCK_OP = torch.ops.specops.chain_block_speculative_sampling_from_logits
+
+
+def naive(x: torch.Tensor, t: float, k: int, p: float, m: float) -> torch.Tensor:
+    """The rule in float64, one row, by sorting: softmax(x / t), then min-p, top-k, top-p on what
+    is left (ties kept), renormalised."""
+    x = torch.where(torch.isfinite(x), x.double(), -torch.inf)
+    if t == 0:
+        return torch.nn.functional.one_hot(x.argmax(), len(x)).double()
+    probs = torch.softmax(x / t, -1)
+    keep = probs >= m * probs.max()
+    if 0 < k < len(x):
+        kth = torch.where(keep, probs, -1.0).sort(descending=True).values[k - 1]
+        keep &= probs >= kth
+    if p < 1:
+        kept = torch.where(keep, probs, 0.0)
+        ranked = kept.sort(descending=True).values
+        cut = int((ranked.cumsum(0) / kept.sum() >= p).nonzero()[0])
+        keep &= probs >= ranked[cut]
+    kept = torch.where(keep, probs, 0.0)
+    return kept / kept.sum()
+
+
+def rows(logits, t, k, p, m):
+    n = logits.shape[0]
+    return processing.processed_rows(
+        logits, torch.full((n,), t), torch.full((n,), k, dtype=torch.int64), torch.full((n,), p),
+        torch.full((n,), m))
+
+
+@pytest.mark.parametrize("t,k,p,m", [(1.0, 0, 1.0, 0.0), (0.5, 5, 1.0, 0.0), (2.0, 0, 0.8, 0.0),
+                                     (1.0, 0, 1.0, 0.1), (0.7, 8, 0.9, 0.02), (0.0, 3, 0.5, 0.5),
+                                     (1.3, 40, 0.3, 0.0)])
+def test_processed_rows_follow_the_rule(t, k, p, m):
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(32, 50, generator=g)
+    got = rows(logits, t, k, p, m)
+    for row, x in zip(got, logits):
+        expected = naive(x, t, k, p, m)
+        assert torch.equal(row > 0, expected > 0)  # the same tokens kept (no near-ties here)
+        assert torch.allclose(row.double(), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_ties_at_the_k_th_value_are_all_kept_and_equal_logits_share_alike():
+    x = torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0, 0.0]])
+    out = rows(x, 1.0, 2, 1.0, 0.0)[0]
+    assert (out > 0).tolist() == [False, True, True, True, True, False]
+    assert out[2] == out[3] == out[4]
+    greedy = rows(torch.tensor([[1.0, 3.0, 3.0, 0.0]]), 0.0, 0, 1.0, 0.0)[0]
+    assert greedy.tolist() == [0.0, 1.0, 0.0, 0.0]  # the lowest index of equal maxima
+
+
+def test_the_steps_come_in_vllms_order():
+    # min-p removes the tail first, so top-p's mass is of what min-p left: with min-p applied
+    # after top-p instead, top-p would keep two tokens.
+    x = torch.log(torch.tensor([[0.4, 0.3, 0.1, 0.1, 0.1]]))
+    out = rows(x, 1.0, 0, 0.6, 0.5)[0]
+    assert (out > 0).tolist() == [True, True, False, False, False]
+    assert torch.allclose(out[:2], torch.tensor([0.4, 0.3]) / 0.7)
+    only_top_p = rows(x, 1.0, 0, 0.6, 0.0)[0]
+    assert (only_top_p > 0).tolist() == [True, True, False, False, False]
+    # top-k before top-p: top-p's mass is of the k kept.
+    x = torch.log(torch.tensor([[0.3, 0.25, 0.2, 0.15, 0.1]]))
+    assert (rows(x, 1.0, 2, 0.5, 0.0)[0] > 0).tolist() == [True, False, False, False, False]
+    assert (rows(x, 1.0, 0, 0.5, 0.0)[0] > 0).tolist() == [True, True, False, False, False]
+
+
+def test_bad_logits_count_as_minus_infinity_and_bad_parameters_give_no_mass():
+    x = torch.tensor([[1.0, float("nan"), float("inf"), 2.0, -float("inf")],
+                      [float("nan")] * 5])
+    out = rows(x, 1.0, 0, 1.0, 0.0)
+    assert out[0, 1:3].tolist() == [0.0, 0.0] and out[0, 4] == 0 and out[0, [0, 3]].sum() > 0.99
+    assert out[1].tolist() == [0.0] * 5
+    assert rows(x, 0.0, 0, 1.0, 0.0)[0].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
+    clean = torch.randn(1, 5)
+    for t, k, p, m in ((-1.0, 0, 1.0, 0.0), (float("nan"), 0, 1.0, 0.0), (1.0, -1, 1.0, 0.0),
+                       (1.0, 0, 0.0, 0.0), (1.0, 0, 1.5, 0.0), (1.0, 0, 1.0, 1.5)):
+        assert rows(clean, t, k, p, m).sum() == 0, (t, k, p, m)
+
+
+def inputs(batch=4, num_draft=3, vocab=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = 2 * torch.randn(batch, num_draft + 1, vocab, generator=g)
+    draft = target[:, :num_draft] + torch.randn(batch, num_draft, vocab, generator=g)
+    ids = torch.randint(0, vocab, (batch, num_draft), generator=g)
+    return target, draft, ids
+
+
+def op_args(target, draft, ids, draft_source, temperature=(0.7,), top_k=(5,), top_p=(0.9,),
+            min_p=(0.05,)):
+    batch = target.shape[0]
+    q = torch.softmax(draft, -1) if draft_source == "probs" else None
+    logits = draft if draft_source == "logits" else None
+    return (q, ids, target, logits, torch.zeros(batch, dtype=torch.int32),
+            torch.zeros(batch, dtype=torch.int64), torch.tensor([5]), torch.tensor([0]),
+            torch.tensor(temperature), torch.tensor(top_k), torch.tensor(top_p),
+            torch.tensor(min_p))
+
+
+@pytest.mark.parametrize("op", [OP, BLOCK_OP], ids=["token", "block"])
+@pytest.mark.parametrize("draft_source", ["probs", "logits", "greedy"])
+def test_opcheck(op, draft_source):
+    target, draft, ids = inputs()
+    torch.library.opcheck(op, op_args(target, draft, ids, draft_source))
+    per_request = op_args(target, draft, ids, draft_source, temperature=(0.0, 1.0, 0.5, 2.0),
+                          top_k=(0, 3, 0, 9), top_p=(1.0, 0.8, 0.5, 1.0),
+                          min_p=(0.0, 0.0, 0.1, 0.3))
+    torch.library.opcheck(op, per_request)
+
+
+def test_public_function_matches_the_op_and_numbers_match_tensors():
+    target, draft, ids = inputs()
+    args = op_args(target, draft, ids, "logits")
+    expected = OP(*args)
+    out, acc, emit = specops.chain_speculative_sampling_from_logits(
+        None, ids, target, draft_logits=draft, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05,
+        seed=5)
+    assert torch.equal(out, expected) and torch.equal(acc, args[4])
+    same = specops.chain_speculative_sampling_from_logits(
+        None, ids, target, draft_logits=draft, temperature=torch.full((4,), 0.7),
+        top_k=torch.tensor([5], dtype=torch.int32), top_p=torch.tensor(0.9, dtype=torch.float64),
+        min_p=torch.tensor([0.05]), seed=5)[0]
+    assert torch.equal(same, expected)
+
+
+def test_batch_invariance_under_permutation_and_other_neighbours():
+    target, draft, ids = inputs(batch=6, seed=2)
+    seeds = torch.arange(100, 106)
+    temperature = torch.tensor([0.0, 1.0, 0.5, 2.0, 0.0, 1.5])
+    top_k = torch.tensor([0, 3, 0, 9, 2, 0])
+    run = lambda perm, t, k: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids[perm], target[perm], draft_logits=draft[perm], temperature=t[perm],
+        top_k=k[perm], seed=seeds[perm])[0]
+    base = run(torch.arange(6), temperature, top_k)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    assert torch.equal(run(perm, temperature, top_k), base[perm])
+    others = temperature.clone()
+    others[[0, 1, 3]] = torch.tensor([2.0, 0.0, 0.3])  # the neighbours of requests 2, 4, 5
+    changed = run(torch.arange(6), others, top_k)
+    assert torch.equal(changed[[2, 4, 5]], base[[2, 4, 5]])
+
+
+@pytest.mark.parametrize("changes,error,fragment", [
+    (dict(temperature=-0.5), ValueError, "temperature must be a number >= 0"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a number >= 0"),
+    (dict(top_p=0.0), ValueError, "top_p must be a number in (0, 1]"),
+    (dict(top_p=1.2), ValueError, "top_p must be a number in (0, 1]"),
+    (dict(top_k=-1), ValueError, "top_k must be an int >= 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int"),
+    (dict(min_p=1.5), ValueError, "min_p must be a number in [0, 1]"),
+    (dict(temperature=torch.ones(3)), ValueError, "temperature must be a 1-D tensor of 1 or"),
+    (dict(top_k=torch.ones(4)), TypeError, "top_k must have dtype int32 or int64"),
+    (dict(top_p=torch.ones(4, dtype=torch.float16)), TypeError, "top_p must have dtype float32"),
+    (dict(draft_probs=torch.ones(4, 3, 40)), ValueError, "not both"),
+    (dict(draft_logits=torch.ones(4, 3, 40, dtype=torch.float16)), TypeError,
+     "draft_logits must have the dtype of target_logits"),
+])
+def test_bad_arguments_are_named_eagerly_and_at_trace_time(changes, error, fragment):
+    target, draft, ids = inputs()
+    kwargs = dict(draft_logits=draft, seed=1)
+    draft_probs = changes.pop("draft_probs", None)
+    kwargs.update(changes)
+    call = lambda: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        draft_probs, ids, target, **kwargs)
+    with pytest.raises(error, match=pytest.importorskip("re").escape(fragment)):
+        call()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=pytest.importorskip("re").escape(fragment)):
+        torch.compile(call, backend="aot_eager", fullgraph=True)()
+
+
+def test_validation_mode_refuses_bad_values_inside_parameter_tensors(monkeypatch):
+    target, draft, ids = inputs()
+    bad = dict(temperature=torch.tensor([1.0, -1.0, 1.0, 1.0]))
+    monkeypatch.delenv("SPECOPS_VALIDATE", raising=False)
+    out = specops.chain_speculative_sampling_from_logits(None, ids, target, draft_logits=draft,
+                                                         seed=torch.arange(4), **bad)[0]
+    assert (out[1] == -1).all()  # no mass for that request alone
+    good = specops.chain_speculative_sampling_from_logits(
+        None, ids, target, draft_logits=draft, seed=torch.arange(4),
+        temperature=torch.tensor([1.0, 1.0, 1.0, 1.0]))[0]
+    assert torch.equal(out[[0, 2, 3]], good[[0, 2, 3]])
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    with pytest.raises(ValueError, match=r"temperature must be a number >= 0 .*-1.0 at index \(1,\)"):
+        specops.chain_speculative_sampling_from_logits(None, ids, target, draft_logits=draft,
+                                                       seed=1, **bad)
+    target[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="target_logits must be a number or -inf"):
+        specops.chain_speculative_sampling_from_logits(None, ids, target, seed=1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_matches_eager_and_new_values_do_not_recompile(backend):
+    target, draft, ids = inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(OP, backend=backend, fullgraph=True)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    for t, k, p, m in ((0.7, 5, 0.9, 0.05), (0.0, 0, 1.0, 0.0), (1.8, 2, 0.4, 0.2)):
+        args = op_args(target, draft, ids, "logits", (t,), (k,), (p,), (m,))
+        eager = op_args(target, draft, ids, "logits", (t,), (k,), (p,), (m,))
+        assert torch.equal(compiled(*args), OP(*eager))
+        assert torch.equal(args[4], eager[4]) and torch.equal(args[5], eager[5])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
