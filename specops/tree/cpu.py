@@ -11,12 +11,11 @@ same functions, so the tokens are the reference's (tests/test_tree_op.py checks 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from ..core.backends import in_inference_mode
 from ..core.probs import sanitize
-from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
+from ..core.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
 from ..core.sums import exact_total
 from . import reference, slots
 
@@ -40,20 +39,8 @@ def _sample(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -> to
     of a padded copy of every row: the same race, and the same inverse CDF (the padding is zeros,
     which add nothing to a prefix sum)."""
     chunk, key = race_winner(chunk_masses(rows), -torch.log(u_race.double()))
-    batch, vocab = rows.shape
-    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
-    if tail:
-        within = inverse_cdf(rows[:, full * CHUNK_SIZE:], u_cdf)
-    if full and batch:
-        # Every window of CHUNK_SIZE consecutive values, as a view: whole chunk k of row b is
-        # window b * V + k * CHUNK_SIZE.
-        windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
-        start = torch.arange(batch) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
-        in_whole = inverse_cdf(windows.index_select(0, start), u_cdf)
-        within = torch.where(chunk == full, within, in_whole) if tail else in_whole
-    elif not tail:
-        within = chunk
-    return torch.where(torch.isfinite(key), chunk * CHUNK_SIZE + within, -1)
+    token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, u_cdf)
+    return torch.where(torch.isfinite(key), token, -1)
 
 
 def _rows(probs: torch.Tensor, index: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -104,20 +91,11 @@ def _all_done(done: torch.Tensor) -> bool:
     return bool(done.all())
 
 
-def _in_inference_mode(function):
-    """Run ``function`` in inference mode, which spares each of its operations autograd's
-    bookkeeping, and clone its results out (inference tensors refuse in-place updates outside)."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        with torch.inference_mode():
-            results = function(*args, **kwargs)
-        return tuple(result.clone() for result in results)
-
-    return wrapper
+# The reference's rules, these steps forming only the rows a step needs.
+STEPS = reference.Steps(_subset_masses, _subset_draws, _all_done, _draw_token)
 
 
-@_in_inference_mode
+@in_inference_mode
 def tree_speculative_sampling_cpu(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -128,16 +106,5 @@ def tree_speculative_sampling_cpu(
     with_replacement: bool = True,
 ):
     """``reference.tree_speculative_sampling_reference`` for CPU tensors, faster."""
-    batch, num_nodes = draft_token_ids.shape
-    vocab = target_probs.shape[2]
-    tree = reference.read_tree(draft_token_ids, parents, vocab)
-    if draft_probs is None:
-        walk, token = reference.walk_target_only(target_probs, tree, seed, offset,
-                                                 draw=_subset_draws, finished=_all_done)
-    else:
-        coins = reference.request_uniforms(seed, offset, batch, num_nodes)
-        walk, state = reference.walk_with_drafts(draft_probs, target_probs, tree, coins,
-                                                 with_replacement, masses=_subset_masses,
-                                                 finished=_all_done)
-        token = _draw_token(draft_probs, target_probs, walk, state, seed, offset)
-    return reference.write_outputs(tree, walk, token)
+    return reference.verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+                            with_replacement, STEPS)

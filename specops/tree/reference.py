@@ -11,7 +11,7 @@ steps are separate functions so that tests can assemble variants (a deliberately
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -248,6 +248,35 @@ def write_outputs(tree: Tree, walk: Walk, token: torch.Tensor):
     return tokens.int(), walk.path.int(), walk.depth.int()
 
 
+class Steps(NamedTuple):
+    """The steps a backend may form its own way (the CPU backend forms only the rows needed)."""
+
+    masses: Callable  # walk_with_drafts's masses
+    draw: Callable  # walk_target_only's draw
+    finished: Callable  # both walks' finished
+    draw_token: Callable  # rule 6: the token where a walk with draft probabilities stops
+
+
+PLAIN = Steps(residual_masses, draws, never, draw_token)
+
+
+def verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset, with_replacement,
+           steps: Steps = PLAIN):
+    """The rules, with ``steps`` for the steps a backend forms its own way."""
+    batch, num_nodes = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    tree = read_tree(draft_token_ids, parents, vocab)
+    if draft_probs is None:
+        walk, token = walk_target_only(target_probs, tree, seed, offset, draw=steps.draw,
+                                       finished=steps.finished)
+    else:
+        coins = request_uniforms(seed, offset, batch, num_nodes)  # rule 4: slot i - 1, node i
+        walk, state = walk_with_drafts(draft_probs, target_probs, tree, coins, with_replacement,
+                                       masses=steps.masses, finished=steps.finished)
+        token = steps.draw_token(draft_probs, target_probs, walk, state, seed, offset)
+    return write_outputs(tree, walk, token)
+
+
 def tree_speculative_sampling_reference(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -258,13 +287,5 @@ def tree_speculative_sampling_reference(
     with_replacement: bool = True,
 ):
     """Returns (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32."""
-    batch, num_nodes = draft_token_ids.shape
-    vocab = target_probs.shape[2]
-    tree = read_tree(draft_token_ids, parents, vocab)
-    if draft_probs is None:
-        walk, token = walk_target_only(target_probs, tree, seed, offset)
-    else:
-        coins = request_uniforms(seed, offset, batch, num_nodes)  # rule 4: slot i - 1, node i
-        walk, state = walk_with_drafts(draft_probs, target_probs, tree, coins, with_replacement)
-        token = draw_token(draft_probs, target_probs, walk, state, seed, offset)
-    return write_outputs(tree, walk, token)
+    return verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+                  with_replacement)
