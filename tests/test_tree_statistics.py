@@ -19,6 +19,7 @@ import specops
 from specops.tree import reference
 from specops.stats import chi2_pvalue
 
+import worlds  # tests/worlds.py
 from inputs import full_tree  # tests/inputs.py
 
 P_THRESHOLD = 1e-4
@@ -27,13 +28,8 @@ SEQUENCES = 20000
 
 
 def make_world(vocab: int, depth: int, seed: int, scale: float):
-    """Target rows P and draft rows Q (positions, V), one per absolute position: independent
-    softmaxes of Gaussian logits times ``scale``."""
-    g = torch.Generator().manual_seed(seed)
-    positions = LENGTH + depth + 1
-    p = torch.softmax(scale * torch.randn(positions, vocab, generator=g, dtype=torch.float64), -1)
-    q = torch.softmax(scale * torch.randn(positions, vocab, generator=g, dtype=torch.float64), -1)
-    return p, q
+    """Target and draft rows for the positions a sequence of LENGTH tokens can reach."""
+    return worlds.make_world(vocab, LENGTH + depth + 1, seed, scale)
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
@@ -129,16 +125,6 @@ def decode(op, p, q, width, depth, mode, seed):
     return tokens[:, :LENGTH]
 
 
-def joint_pvalue(tokens, p):
-    vocab = p.shape[1]
-    index = (tokens * vocab ** torch.arange(LENGTH)).sum(1)
-    counts = torch.bincount(index, minlength=vocab**LENGTH)
-    expected = p[0]
-    for t in range(1, LENGTH):
-        expected = torch.outer(p[t], expected).flatten()  # index = tok_0 + V tok_1 + ...
-    return chi2_pvalue(counts, expected)
-
-
 # (V, width, depth, seed, scale): a binary tree of depth 3 and a ternary one of depth 2. In both,
 # judging children against p instead of the residual is off by far more than 20000 sequences can
 # tell (p-values below 1e-100 in every world tried).
@@ -150,7 +136,7 @@ WORLDS = [(4, 2, 3, 3, 2.0), (5, 3, 2, 1, 2.0)]
 def test_sequences_follow_the_target(mode, vocab, width, depth, seed, scale):
     p, q = make_world(vocab, depth, seed, scale)
     tokens = decode(tree_op(mode), p, q, width, depth, mode, seed)
-    assert joint_pvalue(tokens, p) > P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, p) > P_THRESHOLD
 
 
 @pytest.mark.parametrize("mode,world", [("iid", WORLDS[0]), ("without", WORLDS[1])])
@@ -158,7 +144,7 @@ def test_detector_catches_children_judged_against_p(mode, world):
     vocab, width, depth, seed, scale = world
     p, q = make_world(vocab, depth, seed, scale)
     tokens = decode(broken_op(mode), p, q, width, depth, mode, seed)
-    assert joint_pvalue(tokens, p) < P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, p) < P_THRESHOLD
 
 
 # ----------------------------------------------------------------------------------------------
