@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
 from specops.tree.arguments import check_arguments
+
+from tracing import errors_while_tracing  # tests/tracing.py
 
 OP = torch.ops.specops.tree_speculative_sampling
 B, M, V = 3, 4, 5
@@ -112,16 +113,9 @@ def _compiled_call(*args):
 def test_bad_input_same_error_under_compile(case):
     _, name, value, exc, _ = case
     message = eager_error(name, value, exc)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
-    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as info:
-        compiled(*bad_args(name, value))
-    assert counter.frame_count == 0  # raised while tracing, by the fake implementation
-    chain, error = [], info.value
-    while error is not None and len(chain) < 20:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    # Raised while tracing, by the fake implementation.
+    chain = errors_while_tracing(_compiled_call, *bad_args(name, value),
+                                 raises=torch._dynamo.exc.TorchRuntimeError)
     original = [e for e in chain if type(e) is exc]
     assert original and str(original[0]) == message, [repr(e) for e in chain]
 
