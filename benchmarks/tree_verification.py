@@ -77,7 +77,7 @@ def floor_bytes(draft, ids, parents, target, seed, offset, with_draft: bool) -> 
 
 
 def cost(device: torch.device, quick: bool) -> None:
-    import specops
+    import specops  # noqa: F401 (registers torch.ops.specops)
 
     gen = torch.Generator(device=device).manual_seed(0)
     bandwidth = common.copy_bandwidth(device)
