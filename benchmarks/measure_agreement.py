@@ -55,24 +55,41 @@ IMPLEMENTATIONS = {
 }
 
 
-def random_batch(gen, batch, device, vocab_range):
-    """Random request shapes and rows: peaked and flat rows, fp32/bf16, with or without drafts."""
+def random_setting(gen, device, vocab_range, sizes):
+    """The draws every batch starts with: V, its size (drafts or nodes, in ``sizes``), its dtype, a
+    sharpness and the generator of its rows, which are drawn on the device itself (a GPU run draws
+    1e6 requests in seconds)."""
     vocab = int(torch.randint(vocab_range[0], vocab_range[1] + 1, (1,), generator=gen))
-    num_draft = int(torch.randint(1, 4, (1,), generator=gen))
+    size = int(torch.randint(sizes[0], sizes[1], (1,), generator=gen))
     dtype = (torch.float32, torch.bfloat16, torch.float16)[int(torch.randint(0, 3, (1,), generator=gen))]
     sharp = float(torch.rand(1, generator=gen)) * 6.0
-    # The rows are drawn on the device itself (a GPU run draws 1e6 requests in seconds).
     dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
-    target = torch.rand(batch, num_draft + 1, vocab, generator=dev_gen, device=device) ** sharp
-    target = target / target.sum(-1, keepdim=True)
-    draft = torch.rand(batch, num_draft, vocab, generator=dev_gen, device=device) ** sharp
-    draft = draft / draft.sum(-1, keepdim=True)
+    return vocab, size, dtype, sharp, dev_gen
+
+
+def peaked_rows(shape, sharp, dev_gen, device):
+    """Rows of uniforms to the power ``sharp``, normalised: flat for a small one, peaked for a
+    large one."""
+    rows = torch.rand(shape, generator=dev_gen, device=device) ** sharp
+    return rows / rows.sum(-1, keepdim=True)
+
+
+def per_request_seeds(batch, dev_gen, device):
+    seed = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=dev_gen, device=device)
+    offset = torch.randint(0, 2**62, (batch,), generator=dev_gen, device=device)
+    return seed, offset
+
+
+def random_batch(gen, batch, device, vocab_range):
+    """Random request shapes and rows: peaked and flat rows, fp32/bf16, with or without drafts."""
+    vocab, num_draft, dtype, sharp, dev_gen = random_setting(gen, device, vocab_range, (1, 4))
+    target = peaked_rows((batch, num_draft + 1, vocab), sharp, dev_gen, device)
+    draft = peaked_rows((batch, num_draft, vocab), sharp, dev_gen, device)
     ids = torch.multinomial(draft.reshape(-1, vocab), 1, generator=dev_gen).reshape(batch, num_draft)
     padded = torch.rand(batch, num_draft, generator=dev_gen, device=device) < 0.03
     ids = ids.masked_fill(padded, -1)  # some drafts end early
     use_draft = bool(torch.rand(1, generator=gen) < 0.7)
-    seed = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=dev_gen, device=device)
-    offset = torch.randint(0, 2**62, (batch,), generator=dev_gen, device=device)
+    seed, offset = per_request_seeds(batch, dev_gen, device)
     return (draft.to(dtype) if use_draft else None, ids, target.to(dtype), seed, offset)
 
 
@@ -80,23 +97,16 @@ def random_trees(gen, batch, device, vocab_range):
     """Random trees (each node's parent uniform among the nodes before it), rows as random_batch
     draws them, every node's token drawn from its parent's draft row; (draft_probs or None, ids,
     parents, target, seed, offset, with_replacement)."""
-    vocab = int(torch.randint(vocab_range[0], vocab_range[1] + 1, (1,), generator=gen))
-    num_nodes = int(torch.randint(2, 15, (1,), generator=gen))
-    dtype = (torch.float32, torch.bfloat16, torch.float16)[int(torch.randint(0, 3, (1,), generator=gen))]
-    sharp = float(torch.rand(1, generator=gen)) * 6.0
-    dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
-    target = torch.rand(batch, num_nodes + 1, vocab, generator=dev_gen, device=device) ** sharp
-    target = target / target.sum(-1, keepdim=True)
-    draft = torch.rand(batch, num_nodes + 1, vocab, generator=dev_gen, device=device) ** sharp
-    draft = 0.5 * draft / draft.sum(-1, keepdim=True) + 0.5 * target
+    vocab, num_nodes, dtype, sharp, dev_gen = random_setting(gen, device, vocab_range, (2, 15))
+    target = peaked_rows((batch, num_nodes + 1, vocab), sharp, dev_gen, device)
+    draft = 0.5 * peaked_rows((batch, num_nodes + 1, vocab), sharp, dev_gen, device) + 0.5 * target
     upper = torch.arange(1, num_nodes + 1, device=device)
     parents = (torch.rand(batch, num_nodes, generator=dev_gen, device=device) * upper).long()
     rows = draft[torch.arange(batch, device=device)[:, None], parents]
     ids = torch.multinomial(rows.reshape(-1, vocab), 1, generator=dev_gen).reshape(batch, num_nodes)
     ids = ids.masked_fill(torch.rand(batch, num_nodes, generator=dev_gen, device=device) < 0.03, -1)
     use_draft = bool(torch.rand(1, generator=gen) < 0.7)
-    seed = torch.randint(-(2**63), 2**63 - 1, (batch,), generator=dev_gen, device=device)
-    offset = torch.randint(0, 2**62, (batch,), generator=dev_gen, device=device)
+    seed, offset = per_request_seeds(batch, dev_gen, device)
     return (draft.to(dtype) if use_draft else None, ids, parents, target.to(dtype), seed, offset,
             bool(torch.rand(1, generator=gen) < 0.5))
 
