@@ -242,8 +242,10 @@ class Decoder:
         chars, drafts, draft_logits = context, [], []
         for _ in range(self.n):  # the draft proposes N characters, one cheap call each
             logits = draft_row(self.models, chars).log()
-            probs = self.sampling.processed(logits)
-            token = logits.argmax(dim=-1) if self.greedy else sample(probs)
+            if self.greedy:  # one-hot drafts: the draft's argmax
+                token = logits.argmax(dim=-1)
+            else:
+                token = sample(self.sampling.processed(logits))
             drafts.append(token)
             draft_logits.append(logits)
             chars = torch.cat([chars, token[:, None]], dim=1)
