@@ -74,15 +74,19 @@ def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
-    """The token-verification kernel as the launcher would specialise it."""
+def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
+                 logits=False, draft_logits=False):
+    """The token-verification kernel as the launcher would specialise it (``logits``: reading
+    logits through their rows' statistics; ``draft_logits``: the draft's too)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
     from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
-             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK}
+             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
+             "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK,
+                  "LOGITS": logits, "DRAFT_LOGITS": draft_logits}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
                               LAUNCH_OPTIONS)
 
@@ -243,7 +247,8 @@ def compile_report(kernel, with_row_loops: bool = False) -> dict:
 LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
 
 
-def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[dict]:
+def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: str = ""
+           ) -> list[dict]:
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
     if sampler == "chain":
@@ -263,7 +268,8 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[
         per_chunk = loop["instructions"] / chunks
         chunk_bytes = rows_read * CHUNK * elem
         per_byte = per_chunk * num_warps / chunk_bytes
-        out.append({"variant": f"{prob} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
+        out.append({"variant": f"{prob}{label} draft={'given' if draft else 'None'} "
+                               f"{LOOP_LABELS[name]}",
                     "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
                     "bytes_per_chunk": chunk_bytes, "instructions_per_byte": per_byte,
                     "issue_bound": issue_bound(per_byte)})
@@ -273,22 +279,41 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain") -> list[
 COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
 
 
+def print_header(title: str) -> None:
+    print(f"{title:46} {'instr/chunk/warp':>16} {'bytes/chunk':>11} {'instr/byte':>10} "
+          f"{'issue bound':>12}")
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['variant']:46} {row['instructions_per_chunk']:16.1f} {row['bytes_per_chunk']:11d} "
+          f"{row['instructions_per_byte']:10.4f} {row['issue_bound'] / 1e12:9.2f} TB/s")
+
+
 def main() -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     ok = True
     for sampler, compile_variant in COMPILERS.items():
-        print(f"{sampler + ' kernel':38} {'instr/chunk/warp':>16} {'bytes/chunk':>11} "
-              f"{'instr/byte':>10} {'issue bound':>12}")
+        print_header(sampler + " kernel")
         for prob in PROB_DTYPES:
             for draft in (True, False):
                 kernel = compile_variant(prob, draft)
                 for row in budget(prob, draft, kernel, sampler):
                     ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                    print(f"{row['variant']:38} {row['instructions_per_chunk']:16.1f} "
-                          f"{row['bytes_per_chunk']:11d} {row['instructions_per_byte']:10.4f} "
-                          f"{row['issue_bound'] / 1e12:9.2f} TB/s")
-                print(f"{'':38} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+                    print_row(row)
+                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
         print()
+    # The token kernel reading logits through their rows' statistics (drafts from probabilities,
+    # from logits, or neither).
+    print_header("chain kernel from logits")
+    for prob in PROB_DTYPES:
+        for draft, draft_logits in ((True, False), (True, True), (False, False)):
+            kernel = compile_main(prob, draft, logits=True, draft_logits=draft_logits)
+            label = " logits" + (" draft logits" if draft_logits else "")
+            for row in budget(prob, draft, kernel, "chain", label):
+                ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+                print_row(row)
+            print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
     return 0 if ok else 1

@@ -28,6 +28,7 @@ def warmup(
     ids_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
     counter_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int32,
     verification: Union[str, Iterable[str]] = "token",
+    logits: Choices = False,
     parents_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
 ) -> int:
     """Compile and load every Triton kernel that ``chain_speculative_sampling`` (and, with
@@ -41,11 +42,15 @@ def warmup(
     length through next_pow2(N + 1) (pass every ``num_draft`` the loop uses, e.g. ``range(1, 8)``),
     the id and counter dtypes, and whether V and the rows are 16-byte aligned (so pass the model's
     real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification`` ("token",
-    "block", "tree", or several).  For "tree", ``num_draft`` is the number of nodes M (the kernel
-    is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes of the node
-    tokens and parents, and ``counter_dtype`` does not apply (``with_replacement`` selects no
-    kernel).  Each argument may be one value or several; every combination is loaded.  Returns
-    the number of combinations.
+    "block", "tree", or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
+    (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
+    draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
+    numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use),
+    False for ``chain_speculative_sampling``.  For "tree", ``num_draft`` is the number of nodes M
+    (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
+    of the node tokens and parents, and neither ``counter_dtype`` nor ``logits`` applies
+    (``with_replacement`` selects no kernel).  Each argument may be one value or several; every
+    combination is loaded.  Returns the number of combinations.
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
     """
@@ -59,36 +64,55 @@ def warmup(
     ids_dtypes = _members("ids_dtype", _choices(ids_dtype, torch.dtype), INDEX_DTYPES)
     counter_dtypes = _members("counter_dtype", _choices(counter_dtype, torch.dtype), INDEX_DTYPES)
     modes = _members("verification", _choices(verification, str), ("token", "block", "tree"))
+    from_logits = _members("logits", _choices(logits, bool), (False, True))
     parents_dtypes = _members("parents_dtype", _choices(parents_dtype, torch.dtype), INDEX_DTYPES)
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
-    from .chain.block.launch import block_speculative_sampling_triton
-    from .chain.token.launch import chain_speculative_sampling_triton
+    from .chain.block import launch as block
+    from .chain.token import launch as token
     from .tree.launch import tree_speculative_sampling_triton
 
-    launchers = {"token": chain_speculative_sampling_triton,
-                 "block": block_speculative_sampling_triton}
+    launchers = {("token", False): token.chain_speculative_sampling_triton,
+                 ("block", False): block.block_speculative_sampling_triton,
+                 ("token", True): token.chain_speculative_sampling_from_logits_triton,
+                 ("block", True): block.block_speculative_sampling_from_logits_triton}
+    # From logits, drafts come from draft probabilities, from draft logits, or neither.
+    sources = {(True, False): ("probs",), (False, False): (None,),
+               (True, True): ("probs", "logits"), (False, True): (None,)}
+    # The parameters as the public function makes Python numbers into tensors.
+    parameters = [torch.ones(1, dtype=torch.float32, device=device),
+                  torch.zeros(1, dtype=torch.int64, device=device),
+                  torch.ones(1, dtype=torch.float32, device=device),
+                  torch.zeros(1, dtype=torch.float32, device=device)]
     count = 0
-    for mode in modes:
-        fourth = parents_dtypes if mode == "tree" else counter_dtypes
-        for dt, n, has_draft, ids_dt, other_dt in itertools.product(
-                dtypes, num_drafts, has_drafts, ids_dtypes, fourth):
-            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
-            seed = torch.zeros(2, dtype=torch.int64, device=device)
+    chains = [mode for mode in modes if mode != "tree"]
+    for mode, logit, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
+            chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
+        for source in sources[has_draft, logit]:
             target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
-            if mode == "tree":  # draft rows: one per node, the root's included
-                draft = torch.zeros_like(target) if has_draft else None
-                parents = torch.zeros(1, n, dtype=other_dt, device=device)
-                tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
-            else:
-                draft = target[:, :n] if has_draft else None
-                counters = torch.zeros(2, dtype=other_dt, device=device)
-                # Split over two programs too where V has two chunks: token verification's
-                # combine kernel.
-                for programs in (1, 2):
-                    launchers[mode](draft, ids, target, counters[:1], counters[1:], seed[:1],
-                                    seed[1:], programs)
+            draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
+            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+            counters = torch.zeros(2, dtype=counter_dt, device=device)
+            seed = torch.zeros(2, dtype=torch.int64, device=device)
+            args = [draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:]]
+            if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
+                args[:3] = [draft if source == "probs" else None, ids, target]
+                args.insert(3, draft if source == "logits" else None)
+                args += parameters
+            # Split over two programs too where V has two chunks: the combine kernels.
+            for programs in (1, 2):
+                launchers[mode, logit](*args, programs)
+            count += 1
+    if "tree" in modes:  # no counters and no logits; parents of their own dtype
+        for dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+                dtypes, num_drafts, has_drafts, ids_dtypes, parents_dtypes):
+            target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+            draft = torch.zeros_like(target) if has_draft else None  # a row per node and the root
+            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+            parents = torch.zeros(1, n, dtype=parents_dt, device=device)
+            seed = torch.zeros(2, dtype=torch.int64, device=device)
+            tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
             count += 1
     return count
 

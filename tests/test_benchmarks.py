@@ -117,6 +117,15 @@ def test_gpu_check_without_cuda_says_so_in_one_line(tmp_path):
     assert "no CUDA device is visible" in proc.stderr and "--rehearse" in proc.stderr
 
 
+def test_from_logits_benchmark_quick():
+    """benchmarks/from_logits.py on its smoke-test shape: its user-written rows pass its own check
+    against the rule (else it exits), and every mix gets a positive time on both sides."""
+    proc = run_script([str(BENCH / "from_logits.py"), "--quick"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 ")]
+    assert len(rows) == 10 and all(float(row[-5]) > 0 and float(row[-4]) > 0 for row in rows), proc.stdout
+
+
 def test_tree_verification_benchmark_quick():
     """benchmarks/tree_verification.py on its smoke-test grid: every column filled, and the
     tree keeps more characters per call than its chain."""

@@ -110,13 +110,36 @@ import torch, triton
 import specops
 
 VOCAB, NUM_DRAFT = 2048, 3
-first, path, verification = sys.argv[1:4]
+first, path, verification, logits = sys.argv[1:5]
+logits = logits == "logits"
+
+
+def call(draft, ids, target, acc, emit, **kwargs):
+    """The public function the loop uses; from logits, drafts from probabilities and from
+    logits alike, with every parameter on; a tree: a chain of nodes, with replacement on even
+    batches and without on odd ones (with_replacement selects no kernel)."""
+    if verification == "tree":
+        batch, n = ids.shape
+        if draft is not None:
+            draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
+        specops.tree_speculative_sampling(draft, ids, torch.arange(n).expand(batch, n), target,
+                                          with_replacement=batch % 2 == 0, **kwargs)
+        return
+    if not logits:
+        specops.chain_speculative_sampling(draft, ids, target, acc, emit,
+                                           verification=verification, **kwargs)
+        return
+    for source in (("probs", "logits") if draft is not None else (None,)):
+        specops.chain_speculative_sampling_from_logits(
+            draft if source == "probs" else None, ids, target, acc, emit, temperature=0.7,
+            top_k=5, top_p=0.9, min_p=0.01, draft_logits=draft if source == "logits" else None,
+            verification=verification, **kwargs)
 
 
 def calls(has_draft):
     """One call per form a decode loop may use: batch sizes on both sides of the split, every seed
     and offset form, strided ids and counters."""
-    for batch in (1, 3, 40, 700, 3000):
+    for batch in ((1, 3, 40, 700) if logits else (1, 3, 40, 700, 3000)):
         target = torch.rand(batch, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(batch, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
         ids = torch.randint(0, VOCAB, (batch, 2 * NUM_DRAFT))[:, ::2]
@@ -126,33 +149,17 @@ def calls(has_draft):
         for seed, offset in ((None, None), (5, None), (5, 7), (torch.tensor([5]), None),
                              (per_request, None), (per_request, per_request + 1),
                              (torch.tensor([5]), per_request), (None, 3)):
-            verify(draft, ids, target, acc, emit, seed, offset)
-
-
-def verify(draft, ids, target, acc, emit, seed, offset):
-    """One call of the verification under test (a tree: a chain of nodes, with replacement on
-    even batches and without on odd ones: with_replacement selects no kernel)."""
-    if verification != "tree":
-        specops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed,
-                                           offset=offset, verification=verification)
-        return
-    batch, n = ids.shape
-    if draft is not None:
-        draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
-    specops.tree_speculative_sampling(draft, ids, torch.arange(n).expand(batch, n), target,
-                                      seed=seed, offset=offset,
-                                      with_replacement=batch % 2 == 0)
+            call(draft, ids, target, acc, emit, seed=seed, offset=offset)
 
 
 if first == "warmup":
     specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
-                   verification=verification)
+                   verification=verification, logits=logits)
 else:  # one call of each kind
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
-        verify(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64), target,
-               torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 5, None)
+        call(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64), target, None, None, seed=5)
 if path == "hooked":  # launch hooks set: every launch takes kernel[grid]
     seen = []
     hook = lambda metadata: seen.append(1)
@@ -169,26 +176,36 @@ after = driver.utils.modules_loaded
 # Rows that are not 16-byte aligned select another kernel: it must be compiled, not the aligned
 # one launched on them.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
-counters = torch.zeros(2, 2, dtype=torch.int32)
-verify(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target, counters[0], counters[1], 5, None)
+if verification == "tree":
+    call(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target, None, None, seed=5)
+else:
+    specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64),
+                                       target, seed=5, verification=verification)
 print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
                   "launches_after": driver.utils.launches - launches,
                   "loaded_unaligned": driver.utils.modules_loaded - after}))
 '''
 
 
-@pytest.mark.parametrize("first,path,verification", [
-    ("warmup", "direct", "token"), ("one call", "direct", "token"),
-    ("warmup", "hooked", "token"), ("warmup", "direct", "block"), ("one call", "hooked", "block"),
-    ("warmup", "direct", "tree"), ("one call", "hooked", "tree"),
+@pytest.mark.parametrize("first,path,verification,logits", [
+    ("warmup", "direct", "token", "probs"), ("one call", "direct", "token", "probs"),
+    ("warmup", "hooked", "token", "probs"), ("warmup", "direct", "block", "probs"),
+    ("one call", "hooked", "block", "probs"), ("warmup", "direct", "token", "logits"),
+    ("warmup", "direct", "block", "logits"), ("warmup", "direct", "tree", "probs"),
+    ("one call", "hooked", "tree", "probs"),
 ])
-def test_nothing_compiles_after_warm_up(first, path, verification):
-    result = run_standin(NO_NEW_KERNELS, first, path, verification)
+def test_nothing_compiles_after_warm_up(first, path, verification, logits):
+    result = run_standin(NO_NEW_KERNELS, first, path, verification, logits)
     # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
-    # pass and the scan kernel, each with and without draft_probs. Tree: its one kernel, with and
-    # without draft_probs.
-    assert result["loaded"] == {"token": 3, "block": 4, "tree": 2}[verification], result
-    assert result["loaded_after"] == 0 and result["launches_after"] > 80, result
+    # pass and the scan kernel, each with and without draft_probs. From logits, token: the row
+    # statistics kernel, the main kernel reading logits with drafts from probabilities, from
+    # logits and neither, and the combine kernel; block: its kernels on the processed rows. Tree:
+    # its one kernel, with and without draft_probs.
+    expected = {("token", "probs"): 3, ("block", "probs"): 4, ("token", "logits"): 5,
+                ("tree", "probs"): 2}
+    if (verification, logits) in expected:
+        assert result["loaded"] == expected[verification, logits], result
+    assert result["loaded_after"] == 0 and result["launches_after"] > 60, result
     assert result["loaded_unaligned"] >= 1, result
 
 
@@ -197,11 +214,13 @@ KEY_SCRIPT = r'''
 import json, torch, specops
 from specops.chain.token import launch as token
 from specops.chain.block import launch as block
+from specops.core import logits_launch
 from specops.tree import launch as tree
 
 N, V = 3, 2048
 launched = []
-for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, tree.KERNEL):
+for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, logits_launch.STATISTICS,
+               tree.KERNEL):
     real = kernel.launch
     def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
         launched.append((kernel, compiled, args, constexprs))
@@ -226,6 +245,29 @@ for verification in ("token", "block"):
                     dict(draft=False), dict(n=7), dict(vocab=V - 1), dict(shift_target=True),
                     dict(shift_draft=True)):
         variant(verification=verification, **changes)
+
+
+def logits_variant(dtype=torch.float32, source="probs", draft_dtype=torch.float32,
+                   temperature=torch.float32, top_k=torch.int64, top_p=torch.float32,
+                   min_p=torch.float32, n=N, vocab=V, shift_target=False, row_stride=0):
+    # Rows of vocab + row_stride elements (16-byte multiples or not), the first one shifted or not.
+    target = torch.randn(2, n + 1, vocab + 1 + row_stride, dtype=dtype)
+    target = target[:, :, 1:vocab + 1] if shift_target else target[:, :, :vocab]
+    draft = torch.rand(2, n, vocab, dtype=draft_dtype if source == "probs" else dtype)
+    per_request = lambda value, dt: torch.tensor([value, value], dtype=dt)
+    specops.chain_speculative_sampling_from_logits(
+        draft if source == "probs" else None, torch.zeros(2, n, dtype=torch.int64), target,
+        temperature=per_request(0.7, temperature), top_k=per_request(5, top_k),
+        top_p=per_request(0.9, top_p), min_p=per_request(0.01, min_p),
+        draft_logits=draft if source == "logits" else None, seed=1)
+
+
+for changes in ({}, dict(dtype=torch.bfloat16), dict(dtype=torch.float16),
+                dict(source="logits"), dict(source=None), dict(draft_dtype=torch.bfloat16),
+                dict(temperature=torch.float64), dict(top_k=torch.int32),
+                dict(top_p=torch.float64), dict(min_p=torch.float64), dict(n=7),
+                dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1)):
+    logits_variant(**changes)
 
 
 def tree_variant(dtype=torch.float32, ids=torch.int64, parents=torch.int64, draft=True, m=N,
@@ -254,7 +296,7 @@ def test_every_launch_uses_the_kernel_tritons_binder_picks():
     """The launchers' cache keys name every argument property Triton specialises on: a field
     dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
     result = run_standin(KEY_SCRIPT)
-    assert result["launches"] >= 2 * 11 + 10 + 10, result
+    assert result["launches"] >= 2 * 11 + 10 + 2 * 14 + 10, result
     assert all(result["same"]), result
 
 

@@ -216,3 +216,36 @@ def test_compiled_matches_eager_and_new_values_do_not_recompile(backend):
         assert torch.equal(compiled(*args), OP(*eager))
         assert torch.equal(args[4], eager[4]) and torch.equal(args[5], eager[5])
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("levels,margin", [(None, None), (7, None), (None, -0.25)],
+                         ids=["distinct", "ties", "range-missing-the-answer"])
+def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin, monkeypatch):
+    """core/logits_cpu.py runs each step on the rows that need it, top-k by topk and top-p over a
+    narrowed range of ranks: the rows must be the rule's, bit for bit, for every mix of
+    parameters per row, ties (logits on a few levels), bad logits and bad parameters. A negative
+    margin makes every narrowed range miss the answer: the exact checks must send those rows to
+    the whole range (a check that passed them would give other thresholds)."""
+    from specops.core import logits_cpu
+
+    if margin is not None:
+        monkeypatch.setattr(logits_cpu, "_MARGIN", margin)
+
+    gen = torch.Generator().manual_seed(3)
+    n, vocab = 96, 3000  # rows spanning three chunks, the last one partial
+    logits = torch.randn(n, vocab, generator=gen) * 4
+    if levels:
+        logits = (logits * levels / 8).round()
+    logits[5, :100] = torch.nan
+    logits[6] = -torch.inf
+    logits[7, 17] = torch.inf
+    pick = lambda *values: torch.tensor(values)[torch.randint(len(values), (n,), generator=gen)]
+    temperature = pick(0.0, 0.5, 1.0, 2.0, -1.0)
+    top_k = pick(0, 1, 5, 50, 2999, 3000, 10**6)
+    top_p = pick(1.0, 0.9, 0.5, 0.999, 1e-6, 0.0)
+    min_p = pick(0.0, 0.0, 0.05, 0.5, 1.0)
+    for params in [(temperature, top_k, top_p, min_p),
+                   (temperature, torch.zeros_like(top_k), torch.ones_like(top_p), min_p * 0)]:
+        expected = processing.processed_rows(logits, *params)
+        got = logits_cpu.processed_rows(logits, *params)
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))

@@ -29,9 +29,10 @@ triton = pytest.importorskip("triton")
 PROB_DTYPES = ("fp32", "fp16", "bf16")
 
 
-def spec(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True):
+def spec(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True, logits=False,
+         draft_logits=False):
     return dict(prob=prob, draft=draft, ids=ids, acc=acc, emit=emit, block_n=block_n,
-                aligned=aligned)
+                aligned=aligned, logits=logits, draft_logits=draft_logits)
 
 
 def all_specialisations():
@@ -42,6 +43,9 @@ def all_specialisations():
     specs += [spec("bf16", True, "i32", "i64", "i64"), spec("fp32", False, "i32", "i64", "i32")]
     specs += [spec("fp16", True, block_n=n) for n in (4, 16)]
     specs += [spec(prob, draft, aligned=False) for prob in PROB_DTYPES for draft in (True, False)]
+    # From logits: drafts from probabilities, from logits, or neither.
+    specs += [spec(prob, draft, logits=True, draft_logits=draft_logits) for prob in PROB_DTYPES
+              for draft, draft_logits in ((True, False), (True, True), (False, False))]
     return specs
 
 
@@ -58,9 +62,10 @@ if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
 results = []
 for s in json.loads(sys.argv[1]):
     kernel = sass_budget.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
-                                      s["block_n"], s["aligned"])
+                                      s["block_n"], s["aligned"], s["logits"], s["draft_logits"])
     found = sass_budget.compile_report(kernel, with_row_loops=True)
-    if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and "row_loops" in found:
+    if (s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and not s["logits"]
+            and "row_loops" in found):
         found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
     results.append(found)
 if len(sys.argv) > 2:
@@ -112,6 +117,8 @@ def test_row_loops_use_16_byte_loads(compiled):
 
 
 def test_issue_bound_beats_the_goal(compiled):
+    """The row loops on probabilities (the loops reading logits are printed by
+    benchmarks/sass_budget.py, not held to the goal: docs/performance.md)."""
     # 3 dtypes x (draft: p only, residual read; None: p only)
     assert_issue_bounds([row for s, res in specialisations(compiled)
                          for row in res.get("budget", [])], 9)

@@ -141,14 +141,16 @@ def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:
     return value.expand(batch).repeat_interleave(positions)
 
 
-def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_k, top_p, min_p):
+def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_k, top_p, min_p,
+                     process=params.processed_rows):
     """The (draft_probs, target_probs) the chain rules verify: the target's logits, and the
-    draft's when given, processed by each request's parameters (core/logits.py); draft_probs as
-    given otherwise (None: one-hot drafts)."""
+    draft's when given, processed by each request's parameters (``process``: the rule of
+    core/logits.py, or a faster way to the same rows); draft_probs as given otherwise (None:
+    one-hot drafts)."""
 
     def processed(logits):
         batch, positions, vocab = logits.shape
-        rows = params.processed_rows(
+        rows = process(
             logits.reshape(batch * positions, vocab), per_row(temperature, batch, positions),
             per_row(top_k, batch, positions), per_row(top_p, batch, positions),
             per_row(min_p, batch, positions))
@@ -160,15 +162,15 @@ def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_
     return draft_probs, target_probs
 
 
-def on_processed_rows(verify):
+def on_processed_rows(verify, process=params.processed_rows):
     """The from-logits backend of a verifier of probabilities: every row processed as
-    ``processed_inputs`` processes it, then ``verify`` on the processed rows."""
+    ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch):
         draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                     temperature, top_k, top_p, min_p)
+                                                     temperature, top_k, top_p, min_p, process)
         return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                      seed, offset)
+                      seed, offset, *launch)  # launch: a launcher's split, for warm-up and tests
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend

@@ -6,20 +6,8 @@ code draw the same tokens.
 import triton
 import triton.language as tl
 
-from . import probs
-
-
-PROBABILITY_BOUND = tl.constexpr(probs.PROBABILITY_BOUND)
-
-
-@triton.jit
-def sanitize(x):
-    """float32 value if in [0, PROBABILITY_BOUND), else 0 (probs.sanitize): max(x, 0) zeroes
-    negatives (and NaN on a GPU), the bound zeroes +inf, values too large to sum (and NaN, where
-    max propagates it, as under the interpreter). Two instructions per value; comparing 16-bit
-    inputs directly compiles to bit tests."""
-    x = tl.maximum(x.to(tl.float32), 0.0)
-    return tl.where(x < PROBABILITY_BOUND, x, 0.0)
+from .logits_triton import load_stats, row_values
+from .probs_triton import ABSENT, sanitize
 
 
 @triton.jit
@@ -47,54 +35,69 @@ def inverse_cdf(values, u, CHUNK: tl.constexpr):
 # The row stages below serve both samplers' row passes. A row's values are w_row * p, less q where
 # q is read, floored at 0 (float32): block verification passes its candidate row's weight w_t,
 # token verification the constant 1.0, which the compiler folds away (its SASS is unchanged by it).
+# p and q are probabilities, sanitised; or, with P_LOGITS / Q_LOGITS, logits read through their
+# sampled rows' statistics (core/logits_triton.py; the stats arguments point at them).
+
+
+@triton.jit
+def _stats_or_none(stats, LOGITS: tl.constexpr):
+    """(m, c, theta, r) of a row whose values are logits; placeholders otherwise."""
+    if LOGITS:
+        mode, peak, coef, theta, scale, index = load_stats(stats)
+        return peak, coef, theta, scale
+    return 0.0, 0.0, 0.0, 0.0
 
 
 @triton.jit
 def masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
-             CHUNK: tl.constexpr):
+             CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None):
     """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
     (count <= GROUP), chunk first + i in slot i: the row loop when q is not read. The next chunk is
     loaded (into registers) before the current one is reduced, so two chunks per program are in
     flight."""
+    peak, coef, theta, scale = _stats_or_none(p_stats, P_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     masses = tl.zeros([GROUP], tl.float32)
     ptr = row_p + first * CHUNK
     left = vocab - first * CHUNK  # values of the row from this chunk on
-    p_next = tl.load(ptr + lane, mask=lane < left, other=0.0)
+    p_next = tl.load(ptr + lane, mask=lane < left, other=ABSENT)
     for i in range(count):
-        p = sanitize(p_next)
+        p = row_values(p_next, P_LOGITS, peak, coef, theta, scale)
         if SCALED:
             p = w_row * p
         ptr += CHUNK
         left -= CHUNK
-        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=0.0)
+        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=ABSENT)
         masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
     return masses
 
 
 @triton.jit
 def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexpr,
-                    CHUNK: tl.constexpr):
+                    CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
+                    Q_LOGITS: tl.constexpr = False, q_stats=None):
     """float32 masses of the residual max(w_row p - q, 0) and of p over chunks first .. first +
     count - 1, chunk first + i in slot i: the row loop when q is read (next chunk prefetched, as
     above)."""
+    p_peak, p_coef, p_theta, p_scale = _stats_or_none(p_stats, P_LOGITS)
+    q_peak, q_coef, q_theta, q_scale = _stats_or_none(q_stats, Q_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     res_masses = tl.zeros([GROUP], tl.float32)
     p_masses = tl.zeros([GROUP], tl.float32)
     offset = first * CHUNK
     left = vocab - offset
-    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=0.0)
-    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=0.0)
+    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=ABSENT)
+    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=ABSENT)
     for i in range(count):
-        p = sanitize(p_next)
-        q = sanitize(q_next)
+        p = row_values(p_next, P_LOGITS, p_peak, p_coef, p_theta, p_scale)
+        q = row_values(q_next, Q_LOGITS, q_peak, q_coef, q_theta, q_scale)
         offset += CHUNK
         left -= CHUNK
         in_range = lane < tl.where(i + 1 < count, left, 0)
-        p_next = tl.load(row_p + offset + lane, mask=in_range, other=0.0)
-        q_next = tl.load(row_q + offset + lane, mask=in_range, other=0.0)
+        p_next = tl.load(row_p + offset + lane, mask=in_range, other=ABSENT)
+        q_next = tl.load(row_q + offset + lane, mask=in_range, other=ABSENT)
         res_masses = tl.where(slot == i, tl.sum(tl.maximum(w_row * p - q, 0.0), axis=0),
                               res_masses)
         p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
@@ -103,14 +106,19 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
 
 @triton.jit
 def chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: tl.constexpr,
-                 CHUNK: tl.constexpr):
+                 CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
+                 Q_LOGITS: tl.constexpr = False, q_stats=None):
     """The CHUNK values of the sampled row in one chunk, 0 past V: max(w_row p - q, 0) when read_q
     (draft given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p.
-    With w_row = 1, read_q False and removed -1: sanitised p."""
+    With w_row = 1, read_q False and removed -1: p."""
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p = sanitize(tl.load(row_p + cols, mask=cols < vocab, other=0.0))
+    p_peak, p_coef, p_theta, p_scale = _stats_or_none(p_stats, P_LOGITS)
+    p = row_values(tl.load(row_p + cols, mask=cols < vocab, other=ABSENT), P_LOGITS, p_peak, p_coef,
+                   p_theta, p_scale)
     if HAS_DRAFT:
-        q = sanitize(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=0.0))
+        q_peak, q_coef, q_theta, q_scale = _stats_or_none(q_stats, Q_LOGITS)
+        q = row_values(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=ABSENT), Q_LOGITS,
+                       q_peak, q_coef, q_theta, q_scale)
         return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q is not read
     else:
         return tl.where(cols == removed, 0.0, w_row * p)
@@ -131,14 +139,16 @@ def keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.c
 
 @triton.jit
 def race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed, u_cdf,
-               HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr):
+               HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False,
+               p_stats=None, Q_LOGITS: tl.constexpr = False, q_stats=None):
     """The token of the race a program's result stands for, by one inverse CDF in its winning
     chunk (read again): the residual race wherever it has mass here (then it has mass in the row,
     so it is the race used), else the p race."""
     use_res = res_key < float("inf")
     chunk = tl.where(use_res, res_chunk, p_chunk)
     values = chunk_values(row_p, row_q, chunk, vocab, tl.where(use_res, w_row, 1.0),
-                          read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK)
+                          read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK,
+                          P_LOGITS, p_stats, Q_LOGITS, q_stats)
     return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 

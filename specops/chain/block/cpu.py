@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core import logits_cpu
 from ..from_logits import on_processed_rows
 from ..outputs import write_outputs
 from ...core.probs import PROBABILITY_BOUND, sanitize
@@ -162,4 +163,5 @@ def block_speculative_sampling_cpu(
 
 
 # Verification from logits: the rows processed (chain/from_logits.py), then the function above.
-block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu)
+block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu,
+                                                            logits_cpu.processed_rows)

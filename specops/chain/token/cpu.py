@@ -25,6 +25,7 @@ from ...core.probs import rows_at
 from ...core.probs import PROBABILITY_BOUND
 from ...core.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
 from ...core.randomness import request_uniforms_fast, request_uniforms_host
+from ...core import logits_cpu
 from ..from_logits import on_processed_rows
 from . import reference, slots
 
@@ -226,4 +227,5 @@ def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, 
 
 
 # Verification from logits: the rows processed (chain/from_logits.py), then the function above.
-chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu)
+chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu,
+                                                            logits_cpu.processed_rows)

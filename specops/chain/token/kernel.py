@@ -18,9 +18,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
 from ...core.philox import philox_uniform, split_int64
+from ...core.probs_triton import ABSENT
 from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
-                                 race_token, sanitize, store_race_partial, winning_token)
+                                 race_token, store_race_partial, winning_token)
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
@@ -29,22 +31,26 @@ PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS + 1)
 
 
 @triton.jit
-def _acceptance(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
-                stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
-                cdf_slot, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
+                stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
+                off_hi, key_lo, key_hi, cdf_slot, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+                LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
-    whether a valid draft token was rejected at e, that token (-1 when none))."""
+    whether a valid draft token was rejected at e, that token (-1 when none)). With LOGITS (and
+    DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
     j = tl.arange(0, BLOCK_N)
     j64 = j.to(tl.int64)
     is_draft = j < num_draft
     d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
     valid = is_draft & (d >= 0) & (d < vocab)
     d_safe = tl.where(valid, d, 0)  # invalid ids are never dereferenced (masked) anyway
-    p_d = sanitize(tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid,
-                            other=0.0))
+    p_d = probabilities_at(
+        tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid, other=ABSENT),
+        target_stats + (b * (num_draft + 1) + j64) * STATS, d, valid, LOGITS)
     if HAS_DRAFT:
-        q_d = sanitize(tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid,
-                                other=0.0))
+        q_d = probabilities_at(
+            tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid, other=ABSENT),
+            draft_stats + (b * num_draft + j64) * STATS, d, valid, DRAFT_LOGITS)
     else:
         q_d = tl.full([BLOCK_N], 1.0, tl.float32)
     # Slots 0..BLOCK_N-1 in one Philox call: the coins are slots 0..N-1 (lane j), and the cdf slot
@@ -77,8 +83,9 @@ def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_
 
 @triton.jit
 def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
-           off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr,
-           CHUNK: tl.constexpr):
+           off_hi, key_lo, key_hi, p_stats, q_stats, HAS_DRAFT: tl.constexpr,
+           GROUP: tl.constexpr, CHUNK: tl.constexpr, LOGITS: tl.constexpr,
+           DRAFT_LOGITS: tl.constexpr):
     """Best (key, chunk) of the residual race and of the p race over chunks [k_begin, k_end), in
     groups of GROUP chunks: masses first, then the group's race uniforms and keys as vectors."""
     # Draft None: the residual (p without the removed token) differs from p in one chunk only;
@@ -88,7 +95,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     if not HAS_DRAFT:
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, 1.0, False,
-                                               removed, False, CHUNK), axis=0)
+                                               removed, False, CHUNK, LOGITS, p_stats), axis=0)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -98,9 +105,11 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
         if read_q:
             res_masses, p_masses = masses_residual(row_p, row_q, 1.0, first, count, vocab,
-                                                   GROUP, CHUNK)
+                                                   GROUP, CHUNK, LOGITS, p_stats, DRAFT_LOGITS,
+                                                   q_stats)
         else:
-            p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK)
+            p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK, LOGITS,
+                                p_stats)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         neg_log_u = -tl.log(u.to(tl.float64))
@@ -114,7 +123,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
-    "num_draft",
+    "target_stats_ptr", "draft_stats_ptr", "num_draft",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
     "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
 def chain_speculative_sampling_kernel(
@@ -127,10 +136,13 @@ def chain_speculative_sampling_kernel(
     offset_ptr,  # (1,) or (B,) int64
     out_ptr,  # (B, N+1) int32 contiguous
     partials_ptr,  # (B, P, PARTIAL_FIELDS) float64 when P > 1 (unused when P == 1)
+    target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
+    draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits.py)
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     program = tl.program_id(1)
@@ -141,9 +153,9 @@ def chain_speculative_sampling_kernel(
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
     d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
-        target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
-        stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi, cdf_slot,
-        HAS_DRAFT, BLOCK_N)
+        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
+        key_lo, key_hi, cdf_slot, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     if program == 0:
         _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
                                    num_draft, stride_acc, stride_emit, BLOCK_N)
@@ -153,12 +165,26 @@ def chain_speculative_sampling_kernel(
     read_q = HAS_DRAFT & residual_at_e
     k_begin = program.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
-    # The row is p_e itself: weight 1.0, never scaled (the row's total mass is not used).
-    res_key, res_chunk, p_key, p_chunk = _races(
-        row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo, off_hi,
-        key_lo, key_hi, HAS_DRAFT, GROUP, CHUNK)
-    token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, 1.0, read_q, removed,
-                       u_cdf, HAS_DRAFT, CHUNK)
+    p_stats = target_stats_ptr + (b * (num_draft + 1) + e64) * STATS
+    q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(e64, num_draft - 1)) * STATS
+    greedy = False
+    greedy_token = tl.zeros([], tl.int64)
+    if LOGITS:
+        mode, peak, coef, theta, scale, greedy_token = load_stats(p_stats)
+        greedy = mode == GREEDY
+    if greedy:  # the residual of a one-hot row has its mass at its token, or none: the token
+        res_key = tl.where(program == 0, 0.0, float("inf")).to(tl.float64)
+        p_key = tl.zeros([], tl.float64) + float("inf")
+        token = greedy_token.to(tl.int32)
+    else:
+        # The row is p_e itself: weight 1.0, never scaled (the row's total mass is not used).
+        res_key, res_chunk, p_key, p_chunk = _races(
+            row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
+            off_hi, key_lo, key_hi, p_stats, q_stats, HAS_DRAFT, GROUP, CHUNK, LOGITS,
+            DRAFT_LOGITS)
+        token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, 1.0, read_q,
+                           removed, u_cdf, HAS_DRAFT, CHUNK, LOGITS, p_stats, DRAFT_LOGITS,
+                           q_stats)
     if programs == 1:
         has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))

@@ -10,8 +10,8 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.logits_launch import row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
-from ..from_logits import on_processed_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
 
@@ -49,13 +49,17 @@ def chain_speculative_sampling_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     programs: int | None = None,
+    target_stats: torch.Tensor | None = None,
+    draft_stats: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
 
     ``programs`` overrides the programs per request (tests use it to show the output does not
-    depend on it); by default the launch model chooses it. No host synchronisation; every tensor
-    it allocates is private to the call (safe on concurrent streams and in CUDA graphs).
+    depend on it); by default the launch model chooses it. With ``target_stats`` (and
+    ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
+    statistics (core/logits_launch.py). No host synchronisation; every tensor it allocates is
+    private to the call (safe on concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
@@ -83,18 +87,23 @@ def chain_speculative_sampling_triton(
     seed_stride = seed.stride()[0] if seed_per_request else 0
     offset_stride = offset.stride()[0] if offset.numel() != 1 else 0
     lanes, cdf_slot, race_slot0, chunks = _per_shape(num_draft, vocab)
-    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE)  # HAS_DRAFT, BLOCK_N, GROUP, CHUNK
-    # What Triton specialises on beyond the checks (seed and offset int64, draft_probs of
-    # target_probs' dtype): the other pointers' dtypes, the row arguments' 16-byte alignment, and
-    # whether the unspecialised integers fit in 32 bits.
-    key = (constexprs, target_probs.dtype, draft_token_ids.dtype, accepted_num.dtype,
+    logits, draft_logits = target_stats is not None, draft_stats is not None
+    no_stats = placeholder(out.device, torch.float64)
+    target_stats = no_stats if target_stats is None else target_stats
+    draft_stats = no_stats if draft_stats is None else draft_stats
+    # HAS_DRAFT, BLOCK_N, GROUP, CHUNK, LOGITS, DRAFT_LOGITS
+    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE, logits, draft_logits)
+    # What Triton specialises on beyond the checks (seed and offset int64): the other pointers'
+    # dtypes, the row arguments' 16-byte alignment, and whether the unspecialised integers fit
+    # in 32 bits.
+    key = (constexprs, target_probs.dtype, draft.dtype, draft_token_ids.dtype, accepted_num.dtype,
            emitted_num.dtype,
            alignment((target_probs.data_ptr(), draft.data_ptr()),
                      (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
            max(stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride) < 2**31)
     compiled = MAIN.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
-                                   emitted_num, seed, offset, out,
-                                   placeholder(out.device, torch.float64), num_draft, vocab,
+                                   emitted_num, seed, offset, out, no_stats, target_stats,
+                                   draft_stats, num_draft, vocab,
                                    stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
                                    stride_in, stride_acc, stride_emit, seed_stride,
                                    offset_stride, int(seed_per_request), 1, cdf_slot, race_slot0),
@@ -112,9 +121,9 @@ def chain_speculative_sampling_triton(
     else:
         partials = placeholder(out.device, torch.float64)
     args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-            partials, num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-            stride_in, stride_acc, stride_emit, seed_stride, offset_stride, int(seed_per_request),
-            per_program, cdf_slot, race_slot0)
+            partials, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn, stride_db,
+            stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride,
+            int(seed_per_request), per_program, cdf_slot, race_slot0)
     if programs == 1:
         MAIN.launch((batch, 1), compiled, args, constexprs)
         return out
@@ -128,5 +137,21 @@ def chain_speculative_sampling_triton(
     return out
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
-chain_speculative_sampling_from_logits_triton = on_processed_rows(chain_speculative_sampling_triton)
+def chain_speculative_sampling_from_logits_triton(
+    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
+    offset, temperature, top_k, top_p, min_p, programs: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``reference.chain_speculative_sampling_from_logits_reference``: every row's
+    statistics first (core/logits_launch.py), then the verification kernels reading the logits
+    through them; no processed probabilities are written."""
+    parameters = (temperature, top_k, top_p, min_p)
+    target_logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
+    target_stats = row_statistics(target_logits, *parameters)
+    draft_stats = None
+    if draft_logits is not None:
+        draft_logits = draft_logits if draft_logits.stride(2) == 1 else draft_logits.contiguous()
+        draft_stats = row_statistics(draft_logits, *parameters)
+        draft_probs = draft_logits
+    return chain_speculative_sampling_triton(draft_probs, draft_token_ids, target_logits,
+                                             accepted_num, emitted_num, seed, offset, programs,
+                                             target_stats=target_stats, draft_stats=draft_stats)

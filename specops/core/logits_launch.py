@@ -1,0 +1,38 @@
+"""Launching ``logits_triton.row_statistics_kernel``: one program per row of logits, through the
+one launcher (core/launcher.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from .launcher import TritonKernel, alignment
+from .logits_triton import row_statistics_kernel
+from .race import CHUNK_SIZE
+
+STATS_FIELDS = 6  # logits_triton.STATS
+# How the kernel is built: as the samplers' kernels (no multiply-add contraction).
+LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
+STATISTICS = TritonKernel(row_statistics_kernel, **LAUNCH_OPTIONS)
+
+
+def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """float64 (B * positions, STATS_FIELDS) statistics of every row of logits (B, positions, V)
+    (vocabulary stride 1), under each request's parameters (1 or B values each)."""
+    batch, positions, vocab = logits.shape
+    stats = torch.empty((batch * positions, STATS_FIELDS), dtype=torch.float64,
+                        device=logits.device)
+    if stats.numel() == 0:
+        return stats
+    stride_b, stride_n, _ = logits.stride()
+    strides = [int(p.numel() != 1) * p.stride(0) for p in (temperature, top_k, top_p, min_p)]
+    args = (logits, stats, temperature, top_k, top_p, min_p, positions, vocab, stride_b,
+            stride_n, *strides)
+    # What Triton specialises on: the pointers' dtypes, the row addressing's 16-byte alignment,
+    # and whether the unspecialised integers fit in 32 bits.
+    key = (logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype,
+           alignment((logits.data_ptr(),), (vocab, stride_b, stride_n)),
+           max(positions, *strides) < 2**31)
+    STATISTICS.launch((batch * positions,), STATISTICS.compiled(key, args, (CHUNK_SIZE,)), args,
+                      (CHUNK_SIZE,))
+    return stats

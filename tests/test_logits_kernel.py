@@ -1,0 +1,101 @@
+"""The fused from-logits Triton path against the reference, token for token (interpreter on CPU):
+the row statistics kernel, then the verification kernel reading the logits through them.
+
+Under ``TRITON_INTERPRET=1`` the statistics kernel's bisections run in Python, one pass over the
+row per step, so rows stay short (V of a few hundred) where top-k or top-p is on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from inputs import DEVICE, seeds  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
+
+from specops.chain.token.launch import chain_speculative_sampling_from_logits_triton
+from specops.chain.token.reference import chain_speculative_sampling_from_logits_reference
+
+
+def logits_inputs(batch, num_draft, vocab, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    target = (torch.randn(batch, num_draft + 1, vocab, generator=g) * 3).to(dtype)
+    draft = (target[:, :num_draft].float() + torch.randn(batch, num_draft, vocab, generator=g))
+    ids = torch.randint(0, vocab, (batch, num_draft), generator=g)
+    ids[:, -1] = torch.where(torch.arange(batch) % 3 == 0, -1, ids[:, -1])  # some padded drafts
+    # A few drafts at the target's argmax, so that greedy rows accept some.
+    ids[:, 0] = torch.where(torch.arange(batch) % 2 == 0, target[:, 0].float().argmax(-1), ids[:, 0])
+    return target.to(DEVICE), draft.to(dtype).to(DEVICE), ids.to(DEVICE)
+
+
+def parameters(batch, sampling):
+    """Per-request parameters: greedy, plain, and each truncation in turn (as the batch allows)."""
+    t = torch.tensor([0.0, 1.0, 0.7, 1.5, 2.0, 0.0][:batch], device=DEVICE)
+    k = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+    p = torch.ones(batch, device=DEVICE)
+    m = torch.zeros(batch, device=DEVICE)
+    if sampling:
+        k[2:3] = 5
+        p[3:4] = 0.8
+        m[4:5] = 0.05
+        k[5:], p[5:], m[5:] = 20, 0.9, 0.01
+    return t, k, p, m
+
+
+def run_both(draft_mode, target, draft, ids, params, seed, offset):
+    batch = ids.shape[0]
+    results = []
+    for fn in (chain_speculative_sampling_from_logits_reference,
+               chain_speculative_sampling_from_logits_triton):
+        acc = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+        emit = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+        draft_probs = torch.softmax(draft.float(), -1) if draft_mode == "probs" else None
+        draft_logits = draft if draft_mode == "logits" else None
+        out = fn(draft_probs, ids, target, draft_logits, acc, emit, seed, offset, *params)
+        results.append((out, acc, emit))
+    return results
+
+
+@pytest.mark.parametrize("draft_mode", ["probs", "logits", None])
+@pytest.mark.parametrize("batch, num_draft, vocab, dtype, sampling", [
+    (6, 3, 300, torch.float32, True),  # every parameter mix, greedy rows among them
+    (6, 2, 257, torch.bfloat16, True),
+    (3, 2, 1100, torch.float16, False),  # two chunks: temperature only (and greedy)
+])
+def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab, dtype,
+                                             sampling):
+    target, draft, ids = logits_inputs(batch, num_draft, vocab, dtype, seed=vocab + batch)
+    seed, offset = seeds(batch, True, offset_per_request=True)
+    (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
+        draft_mode, target, draft, ids, parameters(batch, sampling), seed, offset)
+    assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
+    """Each row's statistics against core/logits.py directly: the tokens kept (theta <= x <= m)
+    are those the rule keeps, r is 1 / W of the rule's kept mass (to float32 rounding), a greedy
+    row's index is its argmax, and rows without mass are marked so: a threshold one step off fails
+    it even where the tokens sampled with one seed do not change."""
+    from specops.core import logits as rule
+    from specops.core.logits_launch import row_statistics
+
+    batch, positions, vocab = 6, 2, 300
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(batch, positions, vocab, generator=g) * 3).round(decimals=1).to(dtype)
+    logits[1, 0, 7] = torch.nan  # a NaN logit is never kept
+    logits[2, 1] = -torch.inf  # a row without a finite logit has no mass
+    t, k, p, m = parameters(batch, True)
+    stats = row_statistics(logits.to(DEVICE), t, k, p, m).cpu()
+    mode, peak, coef, theta, scale, index = stats.unbind(-1)
+    rows = logits.reshape(-1, vocab).float()
+    each = lambda v: v.cpu().repeat_interleave(positions)
+    expected = rule.processed_rows(rows, each(t), each(k), each(p), each(m))
+    valid, e = rule.weights(rows, each(t))
+    sampled = (each(t) > 0) & valid.any(-1)
+    kept = (rows >= theta[:, None].float()) & (rows <= peak[:, None].float())
+    assert torch.equal(kept[sampled], expected[sampled] > 0)
+    mass = rule.kept_mass(e, expected > 0)
+    # The kernel's float32 chunk sums add in its own order: r agrees to float32 rounding.
+    torch.testing.assert_close(scale[sampled], 1.0 / mass[sampled], rtol=1e-6, atol=0)
+    greedy = (each(t) == 0) & valid.any(-1)
+    assert torch.equal(index[greedy].long(), expected[greedy].argmax(-1))
+    assert torch.equal(mode == 0, ~valid.any(-1))
