@@ -51,6 +51,18 @@ def _counters(accepted, emitted, batch, device):
     return accepted, emitted
 
 
+def opening_checks(verification, target, target_name: str, accepted, emitted):
+    """What every public function starts with: the verification mode and the target tensor
+    checked, the counters given or new: (device, accepted, emitted)."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{target_name} must be a tensor; got {type(target).__name__}")
+    device = target.device
+    batch = target.shape[0] if target.dim() > 0 else 0
+    return (device, *_counters(accepted, emitted, batch, device))
+
+
 def chain_speculative_sampling(
     draft_probs: Optional[torch.Tensor],
     draft_token_ids: torch.Tensor,
@@ -87,18 +99,9 @@ def chain_speculative_sampling(
         (output_token_ids (B, N + 1) int32 with -1 after the emitted tokens, accepted, emitted);
         the counters are the given tensors when given, new int32 tensors otherwise.
     """
-    if verification not in VERIFICATIONS:
-        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
-    if not isinstance(target_probs, torch.Tensor):
-        raise TypeError(f"target_probs must be a tensor; got {type(target_probs).__name__}")
-    device = target_probs.device
-    batch = target_probs.shape[0] if target_probs.dim() > 0 else 0
-    accepted = maybe_output_accepted_token_num
-    if accepted is None:
-        accepted = torch.zeros(batch, dtype=torch.int32, device=device)
-    emitted = maybe_output_emitted_draft_token_num
-    if emitted is None:
-        emitted = torch.zeros(batch, dtype=torch.int32, device=device)
+    device, accepted, emitted = opening_checks(verification, target_probs, "target_probs",
+                                               maybe_output_accepted_token_num,
+                                               maybe_output_emitted_draft_token_num)
 
     verifier = (_op.chain_speculative_sampling_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_op)
@@ -163,14 +166,9 @@ def chain_speculative_sampling_from_logits(
     Returns:
         (output_token_ids (B, N + 1) int32, accepted, emitted), as ``chain_speculative_sampling``.
     """
-    if verification not in VERIFICATIONS:
-        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
-    if not isinstance(target_logits, torch.Tensor):
-        raise TypeError(f"target_logits must be a tensor; got {type(target_logits).__name__}")
-    device = target_logits.device
-    batch = target_logits.shape[0] if target_logits.dim() > 0 else 0
-    accepted, emitted = _counters(maybe_output_accepted_token_num,
-                                  maybe_output_emitted_draft_token_num, batch, device)
+    device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
+                                               maybe_output_accepted_token_num,
+                                               maybe_output_emitted_draft_token_num)
     verifier = (_op.chain_speculative_sampling_from_logits_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_from_logits_op)
     eager = skips_dispatcher(verifier.registered, device, draft_probs, draft_token_ids,

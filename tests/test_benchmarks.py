@@ -126,6 +126,17 @@ def test_from_logits_benchmark_quick():
     assert len(rows) == 10 and all(float(row[-5]) > 0 and float(row[-4]) > 0 for row in rows), proc.stdout
 
 
+def test_vocab_parallel_quick():
+    """benchmarks/vocab_parallel.py --quick: 2 gloo ranks, both methods, the bytes each sends."""
+    proc = run_script([str(BENCH / "vocab_parallel.py"), "--quick"], 120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| 4 |")]
+    methods = [line.split("|")[4].strip() for line in lines]
+    assert methods == ["all-gather + single device", "vocab-parallel"]
+    gather, parallel = (int(line.split("|")[6].strip().replace(",", "")) for line in lines)
+    assert parallel * 100 < gather  # O(B (N + 1)) against O(B (N + 1) V)
+
+
 def test_tree_verification_benchmark_quick():
     """benchmarks/tree_verification.py on its smoke-test grid: every column filled, and the
     tree keeps more characters per call than its chain."""

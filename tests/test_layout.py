@@ -7,7 +7,10 @@
 * a sampler imports core/, its family's shared modules and itself, never another sampler; a
   sampler of no family (specops/tree/) imports core/ and itself only;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
-  package imports the demo, and no two modules import each other, directly or through others.
+  package imports the demo, and no two modules import each other, directly or through others;
+* specops/distributed/ (vocabulary-parallel verification) is a public layer of its own above the
+  samplers: it imports core/, chain/ (the references' steps), specops.api (its argument names)
+  and itself, and nothing else in the package imports it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ IMPORTS = {name: {m for m in imported_modules(path) if m in MODULES}
 # A sampler: a package with its own plain reference.
 SAMPLERS = sorted(name.rpartition(".")[0] for name in MODULES if name.endswith(".reference"))
 PUBLIC = {"specops", "specops.api", "specops.warmup", "specops.demo"}
+DISTRIBUTED = "specops.distributed"
 
 
 def sampler_of(module: str) -> str | None:
@@ -95,12 +99,24 @@ def allowed(importer: str, imported: str) -> bool:
     return inside(imported, family)
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES
-                                  if n not in PUBLIC and not inside(n, "specops.core")])
+@pytest.mark.parametrize("name", [n for n in MODULES if n not in PUBLIC
+                                  and not inside(n, "specops.core") and not inside(n, DISTRIBUTED)])
 def test_samplers_import_core_their_family_and_themselves(name):
     bad = {m for m in IMPORTS[name] if not allowed(name, m)}
     assert not bad, (f"{name} imports {sorted(bad)}: a sampler depends on core/, its family's "
                      "shared modules and itself only")
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if inside(n, DISTRIBUTED)])
+def test_distributed_imports_core_chain_the_api_and_itself(name):
+    bad = {m for m in IMPORTS[name] if not (inside(m, "specops.core") or inside(m, "specops.chain")
+                                            or inside(m, DISTRIBUTED) or m in ("specops", "specops.api"))}
+    assert not bad, f"{name} imports {sorted(bad)}: distributed/ builds on core/, chain/ and the api"
+
+
+def test_nothing_else_imports_distributed():
+    assert not [n for n in MODULES if not inside(n, DISTRIBUTED)
+                and any(inside(m, DISTRIBUTED) for m in IMPORTS[n])]
 
 
 def test_nothing_imports_the_demo():

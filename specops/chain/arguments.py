@@ -215,13 +215,15 @@ def check_values(
     target_probs: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
     probabilities: bool = True,
+    vocab: int | None = None,
 ) -> None:
     """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
 
     Ids must be -1 (padding) or in [0, vocab_size); probabilities must lie in
-    [0, PROBABILITY_BOUND) (finite, and too small to overflow a chunk's float32 sum).
+    [0, PROBABILITY_BOUND) (finite, and too small to overflow a chunk's float32 sum). vocab: the
+    vocabulary size, when the rows are a shard of it (default: the rows' width).
     """
-    vocab = target_probs.shape[-1]
+    vocab = target_probs.shape[-1] if vocab is None else vocab
     where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
     if where is not None:
         value = int(draft_token_ids[where])

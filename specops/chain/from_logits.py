@@ -70,10 +70,13 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
 
 
 def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        parameters: dict, names: LogitsNames = OP_NAMES) -> None:
+                        parameters: dict, names: LogitsNames = OP_NAMES,
+                        vocab: int | None = None) -> None:
     """SPECOPS_VALIDATE=1: the chain ops' id and draft-probability checks, logits that are NaN or
-    +inf (-inf, the usual mask, is a logit like any other), parameters out of range."""
-    check_values(draft_probs, draft_token_ids, target_logits, names.chain, probabilities=False)
+    +inf (-inf, the usual mask, is a logit like any other), parameters out of range. vocab: as
+    in ``check_values``."""
+    check_values(draft_probs, draft_token_ids, target_logits, names.chain, probabilities=False,
+                 vocab=vocab)
     for name, logits in ((names.chain.target_probs, target_logits),
                          (names.draft_logits, draft_logits)):
         if logits is None:

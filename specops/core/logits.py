@@ -34,12 +34,16 @@ from .sums import exact_total
 LOG2E = float(torch.tensor(1 / math.log(2), dtype=torch.float32))  # log2(e), as float32
 
 
-def weights(logits: torch.Tensor, temperature: torch.Tensor):
+def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor | None = None):
     """Steps 1 and 3 for rows (R, V) and their temperatures (R,): (valid logits (R, V) bool,
-    float32 weights e (R, V), 0 where invalid; rows without a valid logit have none)."""
+    float32 weights e (R, V), 0 where invalid; rows without a valid logit have none).
+
+    peak: each row's largest valid logit (R, 1) float32, given when the rows are shards of longer
+    rows (a vocabulary shard); by default the rows' own."""
     x = logits.float()
     valid = torch.isfinite(x)
-    peak = torch.where(valid, x, -torch.inf).amax(dim=-1, keepdim=True)
+    if peak is None:
+        peak = torch.where(valid, x, -torch.inf).amax(dim=-1, keepdim=True)
     c = (LOG2E / temperature.float())[:, None]  # float32 division, correctly rounded
     e = torch.where(valid, torch.exp2((x - peak) * c), 0.0)
     return valid, e
@@ -103,9 +107,16 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     keep = valid & (e >= min_p.float()[:, None])
     keep &= e >= top_k_threshold(e, keep, top_k)
     keep &= e >= top_p_threshold(e, keep, top_p)
-    scale = (1.0 / kept_mass(e, keep)).float()[:, None]  # inf without mass: nothing is kept then
+    return finished_rows(e, keep, kept_mass(e, keep), greedy_rows(logits, valid), temperature,
+                         top_k, top_p, min_p)
+
+
+def finished_rows(e, keep, mass, greedy, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """Step 7 from the kept weights and their exact mass (R,) float64, then the greedy rows
+    (T == 0) and the rows without mass (parameters out of range)."""
+    scale = (1.0 / mass).float()[:, None]  # inf without mass: nothing is kept then
     sampled = torch.where(keep, e * scale, 0.0)
-    rows = torch.where((temperature == 0)[:, None], greedy_rows(logits, valid), sampled)
+    rows = torch.where((temperature == 0)[:, None], greedy, sampled)
     return torch.where(out_of_range(temperature, top_k, top_p, min_p)[:, None], 0.0, rows)
 
 

@@ -76,6 +76,14 @@ def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, 
     counter is (slot, stream, offset), where stream is the request's batch row when one seed serves
     the whole batch and 0 when every request has its own seed (batch invariance).
     """
+    slots = torch.arange(first_slot, first_slot + num_slots, device=seed.device, dtype=torch.int64)
+    return uniforms_at(seed, offset, batch_size, slots)
+
+
+def uniforms_at(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, slots: torch.Tensor):
+    """The uniforms of every request at the given slots (S,) int64: float32 (batch_size, S), the
+    columns ``request_uniforms`` would give at those slots (a vocabulary shard needs only its own
+    chunks' slots)."""
     device = seed.device
     per_request_seed = seed.numel() != 1
     seed = seed.reshape(-1, 1).to(torch.int64)
@@ -84,10 +92,9 @@ def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, 
     off_lo, off_hi = split64(offset)
     rows = torch.arange(batch_size, device=device, dtype=torch.int64).reshape(-1, 1)
     stream = torch.zeros_like(rows) if per_request_seed else rows
-    slot = torch.arange(first_slot, first_slot + num_slots, device=device,
-                        dtype=torch.int64).reshape(1, -1)
+    slot = slots.to(device=device, dtype=torch.int64).reshape(1, -1)
     word0, _, _, _ = philox4x32((slot, stream, off_lo, off_hi), (k0, k1))
-    return uint32_to_uniform(word0.expand(batch_size, num_slots))
+    return uint32_to_uniform(word0.expand(batch_size, slot.shape[1]))
 
 
 @functools.lru_cache(maxsize=64)

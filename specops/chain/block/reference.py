@@ -38,6 +38,16 @@ def read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Dra
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
     uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
+    safe_ids = draft_token_ids.long().clamp(0, vocab - 1)  # only to gather safely
+    p_d = sanitize(at_draft_ids(target_probs, safe_ids))
+    q_d = None if draft_probs is None else sanitize(at_draft_ids(draft_probs, safe_ids))
+    return drafts_of(draft_token_ids, vocab, p_d, q_d, uniforms)
+
+
+def drafts_of(draft_token_ids, vocab: int, p_d, q_d, uniforms) -> Drafts:
+    """Steps 2-4 from the sanitised values at the draft ids, p_d and q_d (B, N) (q_d None:
+    one-hot drafts), and the request's uniforms (at least its first 2N + 1 slots)."""
+    batch, num_draft = draft_token_ids.shape
 
     # Step 2: the draft ends at its first id outside [0, V); ids are clamped only to gather safely.
     ids = draft_token_ids.long()
@@ -45,9 +55,8 @@ def read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Dra
     safe_ids = ids.clamp(0, vocab - 1)
     length = valid.cumprod(dim=1).sum(dim=1)  # L: the valid prefix
     ended = torch.arange(num_draft + 1, device=ids.device) >= length[:, None]
-
-    p_d = sanitize(at_draft_ids(target_probs, safe_ids))
-    q_d = torch.ones_like(p_d) if draft_probs is None else sanitize(at_draft_ids(draft_probs, safe_ids))
+    if q_d is None:
+        q_d = torch.ones_like(p_d)
 
     # Step 3: token verification's coin at every position, judged alone (the accepted counter).
     accepted = valid & (uniforms[:, : num_draft] * q_d < p_d)
@@ -95,7 +104,11 @@ def stop_probabilities(rows: torch.Tensor, drafts: Drafts) -> torch.Tensor:
 
 def stop_probabilities_of_masses(masses: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     """Step 6 from the chunk masses (B, N + 1, K) of the rows R_t: (B, N + 1) float64."""
-    row_mass = exact_total(masses)
+    return stop_probabilities_of_totals(exact_total(masses), drafts)
+
+
+def stop_probabilities_of_totals(row_mass: torch.Tensor, drafts: Drafts) -> torch.Tensor:
+    """Step 6 from sum(R_t), the exact totals (B, N + 1) float64 of the rows' chunk masses."""
     w = drafts.weights
     mass = torch.where(drafts.ended, w * row_mass, row_mass)
     denominator = mass + (1.0 - w)

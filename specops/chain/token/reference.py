@@ -37,9 +37,20 @@ def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
     request uniforms of (seed, offset) when the caller has drawn them already."""
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
-    device = target_probs.device
     if uniforms is None:
         uniforms = request_uniforms(seed, offset, batch, slots.num_slots(num_draft, vocab))
+    # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
+    safe_ids = draft_token_ids.long().clamp(0, vocab - 1)
+    p_draft = sanitize(at_draft_ids(target_probs, safe_ids))
+    q_draft = None if draft_probs is None else sanitize(at_draft_ids(draft_probs, safe_ids))
+    return verdict_of(draft_token_ids, vocab, p_draft, q_draft, uniforms)
+
+
+def verdict_of(draft_token_ids, vocab: int, p_draft, q_draft, uniforms) -> Verdict:
+    """Steps 2-4 from the sanitised values at the draft ids, p_draft and q_draft (B, N) (q_draft
+    None: one-hot drafts), and the request's uniforms (at least its first N + 1 slots)."""
+    batch, num_draft = draft_token_ids.shape
+    device = draft_token_ids.device
     coins = uniforms[:, :num_draft]  # step 1
 
     # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
@@ -48,11 +59,8 @@ def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
     safe_ids = ids.clamp(0, vocab - 1)
 
     # Step 3: one coin per position, judged on p_j[d_j] and q_j[d_j] alone.
-    p_draft = sanitize(at_draft_ids(target_probs, safe_ids))
-    if draft_probs is None:
+    if q_draft is None:
         q_draft = torch.ones_like(p_draft)
-    else:
-        q_draft = sanitize(at_draft_ids(draft_probs, safe_ids))
     accepted = valid & (coins * q_draft < p_draft)
 
     # Step 4: e = the first position not accepted (N when all are).

@@ -1,0 +1,236 @@
+"""The vocabulary-parallel public functions: ``specops.chain_speculative_sampling`` and its
+from-logits twin for a rank's vocabulary shard (docs/api.md, "Vocabulary-parallel
+verification").
+
+A call runs its local checks, then the layout exchange (comm.py) whatever they found, so that a
+refusal on any rank becomes the same ValueError on every rank and no rank waits in a collective
+another never makes; then the seed (drawn on the first rank when not given), then the shards'
+verification (verify.py), made of pure-torch steps, not of the kernels.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+
+from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_checks
+from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart, check_values
+from ..chain.from_logits import check_logits_arguments, check_logits_values
+from ..core.checks import validation_enabled
+from ..core import logits as params
+from ..core.seeding import SeedLike, resolve_seed_and_offset
+from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
+                   resolve_group)
+from .logits import SEARCH_TOP_K, SEARCH_TOP_P, processed_inputs
+from .shards import Shard
+from .verify import VERIFIERS
+
+# The caller's names of the arguments a layout error names where they differ from comm's.
+_LOGITS_NAMES = {"target_probs": "target_logits"}
+
+
+def _shard_arguments(vocab_start, vocab_size) -> tuple[int, int]:
+    """vocab_start and vocab_size as ints (-1: vocab_size not given)."""
+    try:
+        start = operator.index(vocab_start)
+    except TypeError:
+        raise TypeError(f"vocab_start must be an int; got {type(vocab_start).__name__}") from None
+    if start < 0:
+        raise ValueError(f"vocab_start must be in [0, vocab_size); got {start}")
+    if vocab_size is None:
+        return start, -1
+    try:
+        size = operator.index(vocab_size)
+    except TypeError:
+        raise TypeError(f"vocab_size must be an int or None; got {type(vocab_size).__name__}") \
+            from None
+    if size < 1:
+        raise ValueError(f"vocab_size must be >= 1; got {size}")
+    return start, size
+
+
+# SPECOPS_VALIDATE=1 before the layout exchange: ids are checked against the global vocabulary
+# after it (the same check on every rank), so none is refused here for lying past a shard.
+_ANY_ID = 2**62
+
+
+def _within(start: int, size: int):
+    """The columns of a shard inside [0, vocab_size) as a width (all of them when vocab_size was
+    not given): what SPECOPS_VALIDATE=1 reads of a padded shard."""
+    return None if size < 0 else max(0, size - start)
+
+
+def _device(tensor, group) -> torch.device:
+    """Where the layout exchange runs: the shard's device, or the group's when the shard is not
+    a tensor (the exchange must still happen, to tell the other ranks)."""
+    if isinstance(tensor, torch.Tensor):
+        return tensor.device
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _run(prepare, shard_tensor, group, names, finish):
+    """Local checks (``prepare``: the checked arguments and this rank's Record), the layout
+    exchange, the seed, then ``finish(shard, arguments)``."""
+    group = resolve_group(group)
+    try:
+        arguments, record = prepare()
+        error = None
+    except (TypeError, ValueError) as err:
+        arguments, record, error = None, Record(refused=refused_index(err)), err
+    layout = exchange_layout(record, error, names, group, _device(shard_tensor, group))
+    if layout is None:  # under CUDA-graph capture: the eager warm-up call checked the layout
+        if record.vocab_size < 0:
+            raise ValueError("vocab_size must be given under CUDA-graph capture: the shards' "
+                             "widths cannot be exchanged there")
+        width = min(record.width, record.vocab_size - record.vocab_start)
+        layout = Layout(record.vocab_size, record.vocab_start, width)
+    if record.seed_drawn:  # one draw for the group, so that every rank uses the same numbers
+        drawn = broadcast_from_first(torch.cat([arguments["seed"], arguments["offset"]]), group)
+        arguments["seed"], arguments["offset"] = drawn[:1], drawn[1:]
+    if validation_enabled():  # ids against the global vocabulary: the same check on every rank
+        check_values(None, arguments["ids"], None, names=arguments["names"], probabilities=False,
+                     vocab=layout.vocab_size)
+    shard = Shard(layout.vocab_start, layout.width, layout.vocab_size, group)
+    return finish(shard, arguments)
+
+
+def _record(target, draft_kind, verification, seed, vocab_start, vocab_size, searches=0):
+    """This rank's Record of a call whose local checks passed."""
+    batch, positions, width = target.shape
+    return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
+                  PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
+                  int(seed is None), searches)
+
+
+def _cut(tensor, width):
+    """A shard without its columns past the vocabulary (a padded output layer's); all of it when
+    width is None."""
+    return tensor if tensor is None or width is None else tensor[..., :width]
+
+
+def chain_speculative_sampling(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+    maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+    deterministic: bool = True,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+    verification: str = "token",
+    *,
+    vocab_start: int,
+    vocab_size: Optional[int] = None,
+    group=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``specops.chain_speculative_sampling`` on this rank's vocabulary shard.
+
+    draft_probs (B, N, V_rank) and target_probs (B, N + 1, V_rank) hold global token ids
+    [vocab_start, vocab_start + V_rank); the shards of the group's ranks tile [0, vocab_size)
+    (the last may run past it: columns past vocab_size are ignored). vocab_size: the global V
+    (default: the sum of the shards' widths). group: the process group (default: the world).
+    Every other argument is the same on every rank, and so are the outputs and counters.
+    """
+
+    def prepare():
+        device, accepted, emitted = opening_checks(verification, target_probs, "target_probs",
+                                                   maybe_output_accepted_token_num,
+                                                   maybe_output_emitted_draft_token_num)
+        seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+        check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
+                        target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
+                        seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+        start, size = _shard_arguments(vocab_start, vocab_size)
+        if validation_enabled():
+            width = _within(start, size)
+            check_values(_cut(draft_probs, width), draft_token_ids, _cut(target_probs, width),
+                         PUBLIC_NAMES, vocab=_ANY_ID)
+        arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
+                         ids=draft_token_ids, names=PUBLIC_NAMES)
+        return arguments, _record(target_probs, int(draft_probs is not None), verification, seed,
+                                  start, size)
+
+    def finish(shard, a):
+        output = VERIFIERS[verification](
+            shard, _cut(draft_probs, shard.width), draft_token_ids,
+            _cut(target_probs, shard.width), a["accepted"], a["emitted"], a["seed"], a["offset"])
+        return output, a["accepted"], a["emitted"]
+
+    return _run(prepare, target_probs, group, {}, finish)
+
+
+def _searches(top_k, top_p) -> int:
+    """Which threshold searches a call makes, from the arguments' kinds (host values only): a
+    tensor may hold any value, a number that turns its step off needs none."""
+    searches = 0
+    if isinstance(top_k, torch.Tensor) or (top_k is not None and top_k != 0):
+        searches |= SEARCH_TOP_K
+    if isinstance(top_p, torch.Tensor) or (top_p is not None and top_p != 1):
+        searches |= SEARCH_TOP_P
+    return searches
+
+
+def chain_speculative_sampling_from_logits(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+    maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+    *,
+    temperature: Number = 1.0,
+    top_k: Number = None,
+    top_p: Number = None,
+    min_p: Number = None,
+    draft_logits: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+    verification: str = "token",
+    vocab_start: int,
+    vocab_size: Optional[int] = None,
+    group=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``specops.chain_speculative_sampling_from_logits`` on this rank's vocabulary shard:
+    target_logits (B, N + 1, V_rank), and draft_logits or draft_probs (B, N, V_rank), as shards
+    like ``chain_speculative_sampling``'s (vocab_start, vocab_size, group the same). The sampling
+    parameters are the same on every rank; top-k and top-p thresholds are found over all ranks.
+    """
+
+    def prepare():
+        device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
+                                                   maybe_output_accepted_token_num,
+                                                   maybe_output_emitted_draft_token_num)
+        seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+        parameters = {name: params.as_parameter(name, value, device, None)
+                      for name, value in (("temperature", temperature), ("top_k", top_k),
+                                          ("top_p", top_p), ("min_p", min_p))}
+        check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
+                               accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+        start, size = _shard_arguments(vocab_start, vocab_size)
+        if validation_enabled():
+            width = _within(start, size)
+            check_logits_values(_cut(draft_probs, width), draft_token_ids,
+                                _cut(target_logits, width), _cut(draft_logits, width), parameters,
+                                LOGITS_NAMES, vocab=_ANY_ID)
+        arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
+                         parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain)
+        draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
+        return arguments, _record(target_logits, draft_kind, verification, seed, start, size,
+                                  _searches(top_k, top_p))
+
+    def finish(shard, a):
+        draft, target = processed_inputs(
+            shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
+            _cut(draft_logits, shard.width), *a["parameters"].values(), _searches(top_k, top_p))
+        output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
+                                         a["emitted"], a["seed"], a["offset"])
+        return output, a["accepted"], a["emitted"]
+
+    return _run(prepare, target_logits, group, _LOGITS_NAMES, finish)

@@ -1,0 +1,152 @@
+"""The collectives vocabulary-parallel verification makes, and the layout exchange every call
+starts with.
+
+Every collective goes through ``all_gather`` / ``all_reduce`` / ``broadcast`` here, plain
+torch.distributed calls on tensors of O(B * (N + 1)) elements, never O(V) (docs/api.md,
+"Vocabulary-parallel verification", counts them). The layout exchange comes first: each rank's
+shard, shapes and argument kinds, or the argument its local checks refused, in one all_gather of a
+fixed size, so that every rank raises the same ValueError before a collective of a size the ranks
+disagree on could hang.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+def all_gather(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``tensor`` (same shape on every rank), stacked in group-rank order:
+    (world, *shape)."""
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.stack(parts)
+
+
+def all_reduce(tensor: torch.Tensor, op, group) -> torch.Tensor:
+    """A copy of ``tensor`` reduced over the group with ``op``."""
+    reduced = tensor.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(reduced, op=op, group=group)
+    return reduced
+
+
+def broadcast_from_first(tensor: torch.Tensor, group) -> torch.Tensor:
+    """The group's first rank's ``tensor`` on every rank."""
+    shared = tensor.clone(memory_format=torch.contiguous_format)
+    dist.broadcast(shared, src=dist.get_global_rank(group, 0), group=group)
+    return shared
+
+
+def resolve_group(group):
+    """The process group a call runs on: ``group``, or the world when None."""
+    if not dist.is_initialized():
+        raise ValueError("group: torch.distributed is not initialised; call "
+                         "torch.distributed.init_process_group first")
+    group = dist.group.WORLD if group is None else group
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the process group it passed")
+    return group
+
+
+# ------------------------------------------------------------------------------- the layout
+
+# The arguments a refused call can name; a rank's record carries the index of the one its local
+# checks named, so that every other rank can name it too.
+ARGUMENTS = ("draft_probs", "draft_token_ids", "target_probs", "target_logits", "draft_logits",
+             "maybe_output_accepted_token_num", "maybe_output_emitted_draft_token_num", "seed",
+             "offset", "generator", "verification", "vocab_start", "vocab_size", "temperature",
+             "top_k", "top_p", "min_p")
+
+
+class Record(NamedTuple):
+    """What one rank tells the others before any work: its shard and the call's shape and kind
+    (every field an int; the ranks' records must agree on all but the shard)."""
+
+    refused: int = 0  # 1 + the index in ARGUMENTS of the argument its checks refused; 0: none
+    vocab_start: int = 0
+    width: int = 0  # V_rank: the shard's columns, padding included
+    batch: int = 0
+    num_draft: int = 0
+    vocab_size: int = -1  # -1: not given (the shards' total)
+    dtype: int = 0
+    draft: int = 0  # 0: none (one-hot drafts), 1: draft_probs, 2: draft_logits
+    verification: int = 0  # 0: token, 1: block
+    seed_drawn: int = 0  # 1: seed=None, drawn on the first rank and broadcast
+    searches: int = 0  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
+
+
+# Fields every rank must agree on, and the argument an error then names.
+AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
+                                                    "num_speculate_tokens"),
+          ("vocab_size", "vocab_size", "vocab_size"), ("dtype", "target_probs", "dtype"),
+          ("draft", "draft_probs", "the draft's source (draft_probs, draft_logits or neither)"),
+          ("verification", "verification", "verification"), ("seed_drawn", "seed",
+                                                             "seed=None or a seed"),
+          ("searches", "top_k", "which of top_k / top_p are given"))
+
+
+def refused_index(error: Exception) -> int:
+    """1 + the index in ARGUMENTS of the argument an error message starts with; the names the
+    checks use start every message (``"target_probs must have ..."``)."""
+    words = str(error).split()
+    first = words[0].strip(":,") if words else ""
+    return 1 + ARGUMENTS.index(first) if first in ARGUMENTS else 1 + ARGUMENTS.index("target_probs")
+
+
+class Layout(NamedTuple):
+    """The checked layout: the global vocabulary and this rank's shard in it."""
+
+    vocab_size: int
+    vocab_start: int
+    width: int  # this rank's columns inside [0, vocab_size): padding cut off
+
+
+def exchange_layout(record: Record, error: Exception | None, names: dict, group,
+                    device: torch.device) -> Layout | None:
+    """Gather every rank's record and check them together; every rank raises the same
+    ValueError (a rank whose own checks failed raises its own error). None while a CUDA graph is
+    being captured: a capture cannot read the records on the host, and runs after an eager
+    warm-up call that checked the same layout (docs/recipes.md)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if error is not None:
+            raise error
+        return None
+    mine = torch.tensor(list(record), dtype=torch.int64, device=device)
+    table = [Record(*row) for row in all_gather(mine, group).tolist()]
+    if error is not None:
+        raise error
+    return check_layout(table, dist.get_rank(group), names)
+
+
+def check_layout(table: list, rank: int, names: dict) -> Layout:
+    """The layout the records describe, or the ValueError every rank raises. ``names`` maps the
+    ARGUMENTS to the names this function's caller used."""
+    for other, row in enumerate(table):
+        if row.refused:
+            name = names.get(ARGUMENTS[row.refused - 1], ARGUMENTS[row.refused - 1])
+            raise ValueError(f"{name} was refused on rank {other} (that rank raised the error "
+                             "saying why); every rank must pass valid arguments")
+    first = table[0]
+    for field, argument, what in AGREED:
+        values = [getattr(row, field) for row in table]
+        if len(set(values)) > 1:
+            raise ValueError(f"{names.get(argument, argument)}: the ranks disagree on {what}; "
+                             f"got {values} on ranks 0..{len(table) - 1}")
+    vocab = first.vocab_size if first.vocab_size >= 0 else sum(row.width for row in table)
+    spans = [f"[{row.vocab_start}, {row.vocab_start + row.width}) on rank {r}"
+             for r, row in enumerate(table)]
+    for other, row in enumerate(table):
+        if not 0 <= row.vocab_start < vocab:
+            raise ValueError(f"vocab_start must be in [0, vocab_size) = [0, {vocab}); got "
+                             f"{row.vocab_start} on rank {other}")
+    ordered = sorted(table, key=lambda row: row.vocab_start)
+    ends = [row.vocab_start + row.width for row in ordered]
+    tiles = all(nxt.vocab_start == end for nxt, end in zip(ordered[1:], ends))
+    if not tiles or ends[-1] < vocab:
+        raise ValueError(f"vocab_start: the shards must tile [0, vocab_size) = [0, {vocab}) "
+                         f"without gap or overlap (only the last may run past it); got "
+                         f"{', '.join(spans)}")
+    mine = table[rank]
+    return Layout(vocab, mine.vocab_start, min(mine.width, vocab - mine.vocab_start))

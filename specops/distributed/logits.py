@@ -1,0 +1,133 @@
+"""The from-logits rule (core/logits.py) on vocabulary shards: every row's peak, greedy token,
+top-k and top-p thresholds and kept mass found over all ranks with collectives of O(rows)
+elements, so that each rank's processed columns are the single-device ones.
+
+Thresholds are searched on the float32 bit pattern: the weights e lie in [0, 1], whose bit
+patterns, read as int32, are in value order and below 2**30. The search finds the largest
+pattern b with count(e >= b) >= k (top-k), or W(e >= b) >= P * W(0) (top-p): exactly the k-th
+largest kept weight, or the single-device top-p threshold, since counts and masses change only at
+kept weights. Top-k settles 4 bits a round (8 rounds, each one all_reduce of a 16-bucket count
+histogram per row: counts add up by bucket). Top-p bisects (30 rounds, each one all_reduce of
+exact mass bins per row): a mass is the exact sum of float32 chunk masses of the kept weights,
+and a chunk's float32 sum is not the sum of its buckets' sums, so every candidate threshold costs
+a pass over the row of its own, and one a round is the fewest passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..core import logits as params
+from ..chain.from_logits import per_row
+from .comm import all_gather, all_reduce
+from .shards import Shard, exact_totals, piece_masses
+
+BISECTION_ROUNDS = 30  # bit patterns of [0, 1] lie below 2**30
+RADIX_BITS = 4  # top-k: bits settled per round, so ceil(30 / 4) = 8 rounds
+SEARCH_TOP_K = 1  # bit 0 of the layout's ``searches``
+SEARCH_TOP_P = 2  # bit 1
+
+
+def kept_totals(shard: Shard, e: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """float64 (R,): the exact kept mass of each row over every rank (one all_reduce)."""
+    return exact_totals(shard, piece_masses(shard, torch.where(keep, e, 0.0)))
+
+
+def bisect(e: torch.Tensor, enough) -> torch.Tensor:
+    """Top-p's search: the largest int32 pattern b in [0, 2**30) for which enough(e >= b)
+    holds, as its float32 value (R, 1); ``enough`` maps the (R, width) mask of the weights at or
+    above b to (R,) bool, holds at b = 0 and, once false, stays false above (0.0 where it holds
+    nowhere else)."""
+    bits = e.view(torch.int32)
+    lo = torch.zeros(e.shape[0], dtype=torch.int64, device=e.device)
+    hi = lo + 2**BISECTION_ROUNDS
+    for _ in range(BISECTION_ROUNDS):
+        mid = (lo + hi) // 2
+        ok = enough(bits >= mid[:, None])
+        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+    return lo.to(torch.int32).view(torch.float32)[:, None]
+
+
+def top_k_threshold(shard: Shard, e, keep, top_k) -> torch.Tensor:
+    """core/logits.top_k_threshold over every rank's columns: (R, 1); -1 (keep all) where k is
+    0 or at least V. With fewer than k kept the search ends at 0.0, which also keeps all.
+
+    Each round splits the patterns [lo, lo + width) into 16 buckets of ``step``; the kept
+    weights' histogram over them (below lo: bucket 0, at or above lo + width: the last), summed
+    over the ranks, gives count(e >= lo + m * step) for every m, and lo moves to the last
+    candidate with at least k."""
+    k = top_k.long()[:, None]
+    bits = e.view(torch.int32).long()
+    lo = torch.zeros(e.shape[0], dtype=torch.int64, device=e.device)
+    width = 2**BISECTION_ROUNDS
+    while width > 1:  # the same rounds on every rank: they depend on constants alone
+        step = max(width >> RADIX_BITS, 1)
+        buckets = width // step
+        bucket = ((bits - lo[:, None]) // step).clamp(0, buckets - 1)
+        histogram = torch.zeros(bits.shape[0], buckets, dtype=torch.int64, device=e.device)
+        histogram.scatter_add_(1, bucket, keep.long())
+        at_least = histogram.flip(-1).cumsum(-1).flip(-1)[:, 1:]  # count(e >= lo + m step)
+        at_least = all_reduce(at_least, dist.ReduceOp.SUM, shard.group)
+        lo = lo + step * (at_least >= k).sum(dim=-1)
+        width = step
+    threshold = lo.to(torch.int32).view(torch.float32)[:, None]
+    return torch.where((k > 0) & (k < shard.vocab), threshold, -1.0)
+
+
+def top_p_threshold(shard: Shard, e, keep, top_p) -> torch.Tensor:
+    """core/logits.top_p_threshold over every rank's columns: (R, 1); -1 where P >= 1."""
+    goal = top_p.double() * kept_totals(shard, e, keep)
+    threshold = bisect(e, lambda above: kept_totals(shard, e, keep & above) >= goal)
+    return torch.where((top_p < 1)[:, None], threshold, -1.0)
+
+
+def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
+    """Each row's largest valid logit over every rank (R, 1) float32 (-inf where none) and the
+    lowest global id holding it (R,) int64 (the greedy token), by one all_gather."""
+    masked = torch.where(valid, x, -torch.inf)
+    peak = masked.amax(dim=-1)
+    columns = torch.arange(shard.width, device=x.device) + shard.start
+    first = torch.where(valid & (masked == peak[:, None]), columns, shard.vocab).amin(dim=-1)
+    every = all_gather(torch.stack([peak.double(), first.double()], dim=-1), shard.group)
+    best = every[..., 0].amax(dim=0)
+    argmax = torch.where(every[..., 0] == best, every[..., 1], torch.inf).amin(dim=0)
+    return best.float()[:, None], torch.where(torch.isfinite(best), argmax, -1.0).long()
+
+
+def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
+                    searches: int) -> torch.Tensor:
+    """core/logits.processed_rows of the (R, width) shards of R rows: float32 (R, width).
+    ``searches`` says which threshold searches run (decided from the arguments' kinds, the same
+    on every rank, so that every rank makes the same collectives)."""
+    x = logits.float()
+    valid = torch.isfinite(x)
+    peak, argmax = peaks(shard, x, valid)
+    _, e = params.weights(x, temperature, peak)
+    columns = torch.arange(shard.width, device=x.device) + shard.start
+    greedy = (columns == argmax[:, None]).float()
+    keep = valid & (e >= min_p.float()[:, None])
+    if searches & SEARCH_TOP_K:
+        keep &= e >= top_k_threshold(shard, e, keep, top_k)
+    if searches & SEARCH_TOP_P:
+        keep &= e >= top_p_threshold(shard, e, keep, top_p)
+    return params.finished_rows(e, keep, kept_totals(shard, e, keep), greedy, temperature, top_k,
+                                top_p, min_p)
+
+
+def processed_inputs(shard: Shard, draft_probs, target_logits, draft_logits, temperature, top_k,
+                     top_p, min_p, searches: int):
+    """chain/from_logits.processed_inputs on shards: (draft_probs, target_probs); the target's
+    and the draft's rows are processed together, so each search is one collective for both."""
+    blocks = [target_logits] + ([draft_logits] if draft_logits is not None else [])
+    flat = [block.reshape(-1, shard.width) for block in blocks]
+
+    def parameter(value):
+        return torch.cat([per_row(value, block.shape[0], block.shape[1]) for block in blocks])
+
+    rows = processed_shard(shard, torch.cat(flat), parameter(temperature), parameter(top_k),
+                           parameter(top_p), parameter(min_p), searches)
+    target_probs = rows[: flat[0].shape[0]].reshape(target_logits.shape)
+    if draft_logits is not None:
+        draft_probs = rows[flat[0].shape[0]:].reshape(draft_logits.shape)
+    return draft_probs, target_probs
