@@ -245,6 +245,7 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
     top_p = pick(1.0, 0.9, 0.5, 0.999, 1e-6, 0.0)
     min_p = pick(0.0, 0.0, 0.05, 0.5, 1.0)
     for params in [(temperature, top_k, top_p, min_p),
+                   (temperature, torch.full_like(top_k, 40), top_p, min_p),  # few ranked for top-p
                    (temperature, torch.zeros_like(top_k), torch.ones_like(top_p), min_p * 0)]:
         expected = processing.processed_rows(logits, *params)
         got = logits_cpu.processed_rows(logits, *params)

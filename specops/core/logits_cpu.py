@@ -6,7 +6,8 @@ On a CPU a question about the data costs no host synchronisation, so this path a
     greedy rows where T == 0); every step is row-wise, so a subset of rows gets the same values;
   * top-k takes the k-th largest weight from ``torch.topk`` of the largest k over the rows,
     not from a sort of the whole row: the same value;
-  * top-p bisects over a narrow range of ranks: a float64 running sum of the sorted weights
+  * top-p ranks only the kept weights when top-k or min-p left few (``torch.topk``), and bisects
+    over a narrow range of those ranks: a float64 running sum of the sorted weights
     estimates every rank's kept mass W to far better than the float32 chunk sums' rounding, the
     range is the ranks whose estimate lies within a margin of the goal, and two exact masses check
     that the answer lies in it (a row where they do not, e.g. for a tie, bisects its whole range,
@@ -27,7 +28,12 @@ _MARGIN = 2.0**-12
 
 def top_p_threshold(e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """``logits.top_p_threshold`` for rows whose P < 1, with fewer exact masses."""
-    ranked = torch.where(keep, e, -1.0).sort(dim=-1, descending=True).values
+    ranked = torch.where(keep, e, -1.0)
+    most = int(keep.sum(dim=-1).max())  # the ranks past it hold -1 and are never the answer
+    if most < ranked.shape[-1] // 8:  # top-k or min-p left few: their ranks, not the whole row
+        ranked = ranked.topk(max(most, 1), dim=-1).values
+    else:
+        ranked = ranked.sort(dim=-1, descending=True).values
     total = rule.kept_mass(e, keep)
     goal = top_p.double() * total
     last = (keep.sum(dim=-1) - 1).clamp(min=0)
