@@ -1,23 +1,25 @@
-"""Instruction budget of the row loops of the chain kernel and of the block-verification row pass,
-read from their SASS (sm_90 compile, no GPU).
+"""Instruction budget of the row loops of the chain kernel, of the block-verification row pass and
+of the tree kernel, read from their SASS (sm_90 compile, no GPU).
 
 A row pass streams 1024-value chunks; on an H200 an SM issues at most 4 warp-instructions per
 cycle, so a loop that spends I warp-instructions per byte cannot go faster than
 132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does.  This compiles every variant of each
 kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with its
 launcher's own options, disassembles it with line information (nvdisasm, shipped with Triton),
-finds each row loop (an innermost loop of masses_p / masses_residual, the row stages both kernels
-take from specops/core/race_triton.py), counts its instructions, and prints per variant the
+finds each row loop (an innermost loop of masses_p / masses_residual, the row stages every kernel
+takes from specops/core/race_triton.py), counts its instructions, and prints per variant the
 instructions per byte and that bound.
 
-    python benchmarks/sass_budget.py            # both tables (about 30 s)
+    python benchmarks/sass_budget.py            # the three tables (about a minute)
 
 Chain variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice
 the bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
 Block variants: a row where the draft runs reads q_t too (the residual loop); with draft_probs None
 it reads p_t alone, weighted by w_t when w_t < 1 (the scaled loop); a row where the draft has ended,
-or w_t = 1 without draft_probs, reads p_t (the p loop).  tests/test_triton_compile.py and
-tests/test_block_compile.py assert GOAL for every variant with these functions.
+or w_t = 1 without draft_probs, reads p_t (the p loop).  Tree variants: a rejection's pass reads
+a node's p and q rows (the residual loop); a leaf's draw, or target-only any node's, reads p (the
+p loop).  tests/test_triton_compile.py, tests/test_block_compile.py and tests/test_tree_compile.py
+assert GOAL for every variant with these functions.
 """
 
 from __future__ import annotations
@@ -107,6 +109,19 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
              "masses_ptr": "*fp32"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
+
+
+def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
+    """The tree kernel as its launcher would specialise it."""
+    from specops.tree.kernel import tree_speculative_sampling_kernel
+    from specops.tree.launch import GROUP, LAUNCH_OPTIONS
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
+             "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": GROUP, "CHUNK": CHUNK}
+    return compile_for_hopper(tree_speculative_sampling_kernel, types, constexprs, aligned,
+                              LAUNCH_OPTIONS)
 
 
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
@@ -238,11 +253,13 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: s
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
     if sampler == "chain":
         from specops.chain.token.launch import LAUNCH_OPTIONS
-    else:
+    elif sampler == "block":
         from specops.chain.block.launch import LAUNCH_OPTIONS
+    else:
+        from specops.tree.launch import LAUNCH_OPTIONS
     num_warps = LAUNCH_OPTIONS["num_warps"]
 
-    kernel = kernel or (compile_main if sampler == "chain" else compile_block_row_pass)(prob, draft)
+    kernel = kernel or COMPILERS[sampler](prob, draft)
     elem = PROB_DTYPES[prob]
     out = []
     for name, loop in sorted(row_loops(kernel).items()):
@@ -259,6 +276,9 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: s
     return out
 
 
+COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
+
+
 def print_header(title: str) -> None:
     print(f"{title:46} {'instr/chunk/warp':>16} {'bytes/chunk':>11} {'instr/byte':>10} "
           f"{'issue bound':>12}")
@@ -272,7 +292,7 @@ def print_row(row: dict) -> None:
 def main() -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     ok = True
-    for sampler, compile_variant in (("chain", compile_main), ("block", compile_block_row_pass)):
+    for sampler, compile_variant in COMPILERS.items():
         print_header(sampler + " kernel")
         for prob in PROB_DTYPES:
             for draft in (True, False):

@@ -3,7 +3,8 @@
 ``chain_speculative_sampling`` is FlashInfer's function of that name: it allocates the counters
 when none are given, turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors, checks
 the arguments under the names the caller used, and runs ``torch.ops.specops.chain_speculative_
-sampling`` (or its block twin).
+sampling`` (or its block twin). ``tree_speculative_sampling`` does the same for a tree of drafts
+and ``torch.ops.specops.tree_speculative_sampling`` (docs/semantics.md, "Tree verification").
 
 Where ``core.registry.skips_dispatcher`` allows (a plain eager call: real tensors, nothing tracing
 or intercepting it, no user kernel registered for the device), a function calls the op's eager
@@ -23,8 +24,11 @@ from .chain.block import op as _block_op
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
 from .core import logits as _params
+from .core.checks import require_tensor
 from .core.registry import skips_dispatcher
 from .core.seeding import SeedLike, resolve_seed_and_offset
+from .tree import arguments as _tree_arguments
+from .tree import op as _tree_op
 
 # The names errors give the arguments: the ones this function's caller used.
 PUBLIC_NAMES = ArgumentNames(
@@ -184,3 +188,57 @@ def chain_speculative_sampling_from_logits(
     if eager:
         return verifier.run(*args, names=LOGITS_NAMES), accepted, emitted
     return verifier.registered.op(*args), accepted, emitted
+
+
+def tree_speculative_sampling(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    target_probs: torch.Tensor,
+    *,
+    with_replacement: bool = True,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Speculative sampling over a tree of drafts, exact (docs/algorithm.md, "Tree verification"):
+    SpecInfer's multi-round rejection sampling (Miao et al. 2024), its without-replacement form,
+    recursive rejection sampling (Jeon et al. 2024), or target-only verification when there are
+    no draft probabilities.
+
+    Node 0 is the root (the last accepted token); nodes 1..M are the drafts.
+
+    Args:
+        draft_probs: (B, M + 1, V) float32/float16/bfloat16: row i is the draft distribution node
+            i's children were drawn from (leaves' rows are not read); or None: target-only
+            verification, exact however the children were chosen (top-k, say).
+        draft_token_ids: (B, M) int32/int64: the token of node i + 1; -1 (or any id outside
+            [0, V)) marks an absent node.
+        parents: (B, M) int32/int64: the parent of node i + 1, in [0, i]; any value for an
+            absent node.
+        target_probs: (B, M + 1, V): row i is the target's distribution after the path from the
+            root to node i.
+        with_replacement: the children of a node were drawn independently from its draft row
+            (True) or without replacement (False); ignored without draft_probs.
+        generator: draws (seed, offset) when ``seed`` is None (default: the device's generator).
+        seed: int, or int64 tensor of 1 or B elements (per-request seeds: batch invariance).
+        offset: int, or int64 tensor of 1 or B elements; default 0 (or drawn, when seed is None).
+
+    Returns:
+        (output_token_ids (B, M + 1): the accepted path's tokens, one drawn token, then -1;
+        output_node_ids (B, M): the accepted nodes (1..M) in path order, then -1;
+        emitted (B,): drafts accepted), all int32.
+    """
+    require_tensor("target_probs", target_probs)
+    device = target_probs.device
+    tree = _tree_op.tree_speculative_sampling_op
+    eager = skips_dispatcher(tree.registered, device, draft_probs, draft_token_ids, parents,
+                             target_probs, seed, offset)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
+    _tree_arguments.check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed_t,
+                                    offset_t, with_replacement)
+    if eager:
+        return tree.run(draft_probs, draft_token_ids, parents, target_probs, seed_t, offset_t,
+                        with_replacement)
+    return tree.registered.op(draft_probs, draft_token_ids, parents, target_probs, seed_t,
+                              offset_t, with_replacement)

@@ -10,6 +10,12 @@ CPU, where compiling these small steps makes them slower):
   logits and the sampling parameters (--temperature, --top-k, --top-p, --min-p);
 * target-only: one target call per character.
 
+With ``--tree WIDTHxDEPTH`` the speculative loop proposes a full tree instead (every node WIDTH
+children, DEPTH levels; the children drawn from the draft model, with or without replacement, or
+its top-k, verified target-only: ``--tree-children``), specops.tree_speculative_sampling verifies
+it, and the chain of the same depth runs too, for comparison. The tree op verifies probabilities,
+not logits, so the sampling parameters keep their defaults with ``--tree``.
+
 It prints characters per target call (the gain of speculative decoding, whatever a target call
 costs) and a measured check of the lossless guarantee: the characters the speculative loop
 generated must follow the target model's conditional distributions, processed by the sampling
@@ -144,15 +150,50 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
     return (probs / exp).argmax(dim=-1)
 
 
+TREE_CHILDREN = ("sampled", "distinct", "top-k")
+
+
+def children(q: torch.Tensor, width: int, how: str) -> torch.Tensor:
+    """``width`` children tokens of every row of draft probabilities q (..., V): drawn i.i.d.
+    ("sampled"), drawn without replacement ("distinct": the first arrivals of an exponential race
+    come in the order of draws without replacement), or the top-k ("top-k")."""
+    if how == "top-k":
+        return q.topk(width, dim=-1).indices
+    if how == "distinct":
+        exp = -torch.rand_like(q).clamp_min(1e-30).log()
+        return (q / exp).topk(width, dim=-1).indices
+    return sample(q[..., None, :].expand(*q.shape[:-1], width, q.shape[-1]))
+
+
+def full_tree_parents(width: int, depth: int, device) -> torch.Tensor:
+    """(M,) parents of the full tree, nodes numbered level by level (siblings together, in the
+    order they were drawn: the order the op tries them in)."""
+    parents, first, count = [], 0, 1  # the level above: its first node and its size
+    for _ in range(depth):
+        parents += [first + k // width for k in range(count * width)]
+        first, count = first + count, count * width
+    return torch.tensor(parents, device=device)
+
+
+def tree_nodes(width: int, depth: int) -> int:
+    return sum(width**level for level in range(1, depth + 1))
+
+
 class Decoder:
-    """Static buffers plus the two decode steps; every step updates the buffers in place."""
+    """Static buffers plus the decode steps; every step updates the buffers in place."""
 
     def __init__(self, models: NgramModels, prompts: torch.Tensor, length: int, draft_len: int,
-                 verification: str = "token", sampling: Sampling = Sampling()):
+                 verification: str = "token", sampling: Sampling = Sampling(),
+                 tree: tuple[int, int] | None = None, tree_children: str = "sampled",
+                 greedy: bool = False):
         self.models = models
         self.sampling = sampling
         self.verification = verification  # "token" or "block" (docs/block.md)
-        self.n = draft_len
+        self.tree = tree  # (width, depth) for tree_step
+        self.tree_children = tree_children
+        self.greedy = greedy  # chain drafts: the draft's argmax, verified as one-hot drafts
+        self.n = draft_len if tree is None else tree[1]
+        draft_len = self.n
         self.batch = prompts.shape[0]
         self.prompt_len = prompts.shape[1]
         self.end = self.prompt_len + length  # stop once every sequence has this many characters
@@ -163,6 +204,8 @@ class Decoder:
         self.accepted = torch.zeros(self.batch, dtype=torch.int64, device=device)
         self.emitted = torch.zeros(self.batch, dtype=torch.int64, device=device)
         self.calls = torch.zeros(self.batch, dtype=torch.int64, device=device)  # while unfinished
+        if tree is not None:
+            self.parents = full_tree_parents(*tree, device).expand(self.batch, -1)
         self.reset()
 
     def reset(self) -> None:
@@ -199,7 +242,10 @@ class Decoder:
         chars, drafts, draft_logits = context, [], []
         for _ in range(self.n):  # the draft proposes N characters, one cheap call each
             logits = draft_row(self.models, chars).log()
-            token = sample(self.sampling.processed(logits))
+            if self.greedy:  # one-hot drafts: the draft's argmax
+                token = logits.argmax(dim=-1)
+            else:
+                token = sample(self.sampling.processed(logits))
             drafts.append(token)
             draft_logits.append(logits)
             chars = torch.cat([chars, token[:, None]], dim=1)
@@ -211,9 +257,37 @@ class Decoder:
         output, _, _ = specops.chain_speculative_sampling_from_logits(
             None, draft_ids, target_logits, self.accepted, self.emitted,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-            draft_logits=torch.stack(draft_logits, dim=1), verification=self.verification,
+            draft_logits=None if self.greedy else torch.stack(draft_logits, dim=1),
+            verification=self.verification,
         )
         self._append(output.long(), (output >= 0).sum(dim=1))
+
+    def tree_step(self) -> None:
+        """The draft proposes a full tree, level by level (one cheap call per level); the target
+        scores every node in one call; specops.tree_speculative_sampling keeps a path."""
+        width, depth = self.tree
+        chars = self._context()[:, None, :]  # (B, nodes of the level, path): the root
+        levels, draft_rows, tokens = [chars], [], []
+        for _ in range(depth):
+            batch, count, length = chars.shape
+            q = draft_row(self.models, chars.reshape(batch * count, length)).view(batch, count, -1)
+            kids = children(q, width, self.tree_children).reshape(batch, count * width)
+            chars = torch.cat([chars.repeat_interleave(width, dim=1), kids[:, :, None]], dim=2)
+            levels.append(chars)
+            draft_rows.append(q)
+            tokens.append(kids)
+        # Every node's rows, level by level as the nodes are numbered: one target call.
+        last = [window_index(level[:, :, -CONTEXT:], self.models.vocab, CONTEXT)[..., 0]
+                for level in levels]  # each node's last 3 characters, as a row index
+        target_probs = self.models.target[torch.cat(last, dim=1)]  # (B, M + 1, V)
+        draft_rows.append(torch.zeros_like(target_probs[:, : width**depth]))  # leaves: not read
+        draft_probs = None if self.tree_children == "top-k" else torch.cat(draft_rows, dim=1)
+        output, _, emitted = specops.tree_speculative_sampling(
+            draft_probs, torch.cat(tokens, dim=1), self.parents, target_probs,
+            with_replacement=self.tree_children == "sampled")
+        output = output[:, : depth + 1].long()  # a path has at most depth drafts
+        self._append(output, (output >= 0).sum(dim=1))
+        self.emitted.add_(emitted)  # every row, as the chain op's counter counts
 
     def target_step(self) -> None:
         p = self.sampling.processed(self._target_logits(self._context())[:, 0])  # (B, V)
@@ -327,6 +401,24 @@ def at_least_one(text: str) -> int:
     return value
 
 
+MAX_TREE_NODES = 1023  # a full tree has WIDTH + WIDTH**2 + ... + WIDTH**DEPTH nodes
+
+
+def tree_arg(text: str) -> tuple[int, int]:
+    """WIDTHxDEPTH, two whole numbers >= 1, as (width, depth)."""
+    width, _, depth = text.lower().partition("x")
+    if not (width.isdigit() and depth.isdigit() and int(width) >= 1 and int(depth) >= 1):
+        raise argparse.ArgumentTypeError(f"expected WIDTHxDEPTH, such as 2x4; got {text!r}")
+    nodes = tree_nodes(int(width), int(depth))
+    if nodes > MAX_TREE_NODES:
+        raise argparse.ArgumentTypeError(
+            f"{text} makes a tree of {nodes} nodes; at most {MAX_TREE_NODES}")
+    return int(width), int(depth)
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p")
+
+
 def parameter_arg(name: str, kind, low: float, high: float, low_open: bool = False):
     """An argparse type for a sampling parameter in [low, high] ((low, high] when low_open)."""
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
@@ -376,6 +468,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "steps this small run slower than eager ones")
     parser.add_argument("--verification", choices=("token", "block"), default="token",
                         help="judge each draft alone (token) or the drafts as a block (docs/block.md)")
+    parser.add_argument("--tree", type=tree_arg, metavar="WIDTHxDEPTH",
+                        help="propose a full tree (WIDTH children per node, DEPTH levels) and "
+                             "verify it with specops.tree_speculative_sampling, beside the chain "
+                             "of N = DEPTH drafts (--draft-len does not apply; the sampling "
+                             "parameters keep their defaults)")
+    parser.add_argument("--tree-children", choices=TREE_CHILDREN, default="sampled",
+                        help="a tree's children: drawn from the draft model i.i.d. (sampled) or "
+                             "without replacement (distinct), both verified with the draft "
+                             "probabilities; or its top-k, verified target-only (the chain then "
+                             "has greedy drafts)")
     parser.add_argument("--no-compile", action="store_true", help="run the steps eagerly on any device")
     parser.add_argument("--temperature", type=parameter_arg("a number", float, 0, float("inf")),
                         default=1.0, help="sampling temperature; 0 is greedy decoding")
@@ -385,7 +487,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=1.0, help="keep the most likely characters of mass >= top-p; 1 is off")
     parser.add_argument("--min-p", type=parameter_arg("a number", float, 0, 1), default=0.0,
                         help="keep the characters of probability >= min-p times the largest; 0 is off")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # The tree op verifies probabilities; there is no tree verification from logits to take them.
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
+             if getattr(args, name) != parser.get_default(name)]
+    if args.tree is not None and given:
+        parser.error(f"--tree verifies the models' probabilities as they are; sampling "
+                     f"parameters ({', '.join(given)}) are for chains only")
+    return args
 
 
 def plural(count: int, word: str) -> str:
@@ -417,14 +526,25 @@ def main(argv=None) -> dict:
     starts = torch.randint(0, len(text) - prompt_len, (args.batch_size,)).tolist()
     prompts = torch.tensor([models.encode(text[s : s + prompt_len]) for s in starts], device=device)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
-    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification, sampling)
+    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification, sampling,
+                      tree=args.tree, tree_children=args.tree_children)
+    draft_len = decoder.n
     check_every = 8 if device.type == "cuda" else 1
 
-    spec_run, spec_setup_s = make_runner(decoder.speculative_step, decoder, device, backend)
+    step = decoder.speculative_step if args.tree is None else decoder.tree_step
+    spec_run, spec_setup_s = make_runner(step, decoder, device, backend)
     spec_s, spec_steps = decode(spec_run, decoder, "speculative", check_every)
     spec_tokens = decoder.tokens[:, : decoder.end].clone()
     spec_calls = int(decoder.calls.sum())
     accepted, emitted = int(decoder.accepted.sum()), int(decoder.emitted.sum())
+    generated = args.batch_size * args.length
+    chain_per_call = None
+    if args.tree is not None:  # the chain of the same depth, for comparison
+        chain = Decoder(models, prompts, args.length, draft_len, args.verification, sampling,
+                        greedy=args.tree_children == "top-k")
+        chain_run, _ = make_runner(chain.speculative_step, chain, device, backend)
+        decode(chain_run, chain, "chain", check_every)
+        chain_per_call = generated / int(chain.calls.sum())
 
     target_run, target_setup_s = make_runner(decoder.target_step, decoder, device, backend)
     target_s, target_steps = decode(target_run, decoder, "target-only", check_every)
@@ -446,24 +566,36 @@ def main(argv=None) -> dict:
     else:
         verdict = "FAIL: the speculative output deviates from the target model"
 
-    generated = args.batch_size * args.length
     per_call = generated / spec_calls  # a finished sequence's steps do not count against it
-    judged = spec_steps * args.batch_size * args.draft_len  # every row is judged at every step
+    judged = spec_steps * args.batch_size * draft_len  # every row is judged at every step
     kept_per_step = emitted / (spec_steps * args.batch_size)
-    passed = accepted / judged
+    passed = accepted / judged if args.tree is None else None  # the tree op has no such counter
     prompt = models.decode(spec_tokens[0, :prompt_len].tolist())
     continuation = models.decode(spec_tokens[0, prompt_len : prompt_len + 72].tolist())
     print(f"\nsample, prompt + generated: {prompt!r} + {continuation!r}")
-    print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
-          f"N = {args.draft_len} draft characters per step; temperature {args.temperature:g}, "
-          f"top-k {args.top_k}, top-p {args.top_p:g}, min-p {args.min_p:g}")
-    print(f"  characters per target call   {per_call:.2f}  "
-          f"(target-only: 1; {args.verification} verification)")
+    if args.tree is None:
+        print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
+              f"N = {args.draft_len} draft characters per step; temperature {args.temperature:g}, "
+              f"top-k {args.top_k}, top-p {args.top_p:g}, min-p {args.min_p:g}")
+        print(f"  characters per target call   {per_call:.2f}  "
+              f"(target-only: 1; {args.verification} verification)")
+    else:
+        width, depth = args.tree
+        print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
+              f"a full tree of {width}x{depth} ({tree_nodes(width, depth)} draft characters, "
+              f"{args.tree_children} children) per step")
+        print(f"  characters per target call   {per_call:.2f}  (target-only: 1; tree verification"
+              f"{', target-only' if args.tree_children == 'top-k' else ''})")
+        drafts = "greedy drafts" if args.tree_children == "top-k" else "sampled drafts"
+        print(f"  the chain of the same depth  {chain_per_call:.2f}  (N = {depth} {drafts}, "
+              f"{args.verification} verification)")
     print(f"  lossless check               {verdict}")
-    print(f"  drafts kept per step         {kept_per_step:.2f} of {args.draft_len}  "
-          f"(the accepted prefix; each step adds one more character)")
-    print(f"  drafts accepted by own coin  {passed:.1%}  (every position judged alone, also after a "
-          f"rejection:\n{'':32s}the op's accepted counter over all drafts judged)")
+    print(f"  drafts kept per step         {kept_per_step:.2f} of {draft_len}  "
+          f"(the accepted {'prefix' if args.tree is None else 'path'}; each step adds one more "
+          f"character)")
+    if passed is not None:
+        print(f"  drafts accepted by own coin  {passed:.1%}  (every position judged alone, also "
+              f"after a rejection:\n{'':32s}the op's accepted counter over all drafts judged)")
     print(f"\nlossless check: where each generated character falls in the target's distribution for "
           f"its context\n(most likely characters first), in {BINS} bins that hold {1 / BINS:.0%} each "
           f"when the characters follow the target")
@@ -487,12 +619,14 @@ def main(argv=None) -> dict:
     # speculative loop wins when (spec_step + X) / per_call < target_step + X.
     if per_call > 1 and spec_step_s > per_call * target_step_s:
         break_even = (spec_step_s - per_call * target_step_s) / (per_call - 1)
-        print(f"  a speculative step does more (N draft calls and the op); it pays off once a target call\n"
+        print(f"  a speculative step does more (the draft calls and the op); it pays off once a "
+              f"target call\n"
               f"  costs {break_even * 1e3:.2f} ms more, as a neural model's forward pass does, and the "
               f"ratio tends to {per_call:.2f}x as that cost grows")
     print(f"\ntotal time {time.perf_counter() - start:.1f}s")
     return {"lossless": lossless, "results": results, "passed_own_test": passed,
-            "kept_per_step": kept_per_step, "characters_per_call": per_call, "speedup": speedup}
+            "kept_per_step": kept_per_step, "characters_per_call": per_call, "speedup": speedup,
+            "chain_characters_per_call": chain_per_call}
 
 
 if __name__ == "__main__":

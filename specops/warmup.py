@@ -1,5 +1,5 @@
 """``specops.warmup``: compile and load, before a decode loop starts, every kernel it can launch
-(token and block verification alike)."""
+(token, block and tree verification alike)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ def warmup(
     counter_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int32,
     verification: Union[str, Iterable[str]] = "token",
     logits: Choices = False,
+    parents_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
 ) -> int:
-    """Compile and load every Triton kernel that ``chain_speculative_sampling`` can launch on
-    ``device`` for these settings, so that no call after this one compiles or loads anything.
+    """Compile and load every Triton kernel that ``chain_speculative_sampling`` (and, with
+    ``verification="tree"``, ``tree_speculative_sampling``) can launch on ``device`` for these
+    settings, so that no call after this one compiles or loads anything.
 
     A decode loop's calls differ in batch size, seed form (None, an int, a tensor of 1 or B
     seeds), offset form and strides; none of these selects a different kernel (they are runtime
@@ -40,11 +42,14 @@ def warmup(
     length through next_pow2(N + 1) (pass every ``num_draft`` the loop uses, e.g. ``range(1, 8)``),
     the id and counter dtypes, and whether V and the rows are 16-byte aligned (so pass the model's
     real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification`` ("token",
-    "block" or both), and ``logits``: True for ``chain_speculative_sampling_from_logits`` (``dtype``
-    then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from draft
-    probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes numbers
-    become, float32 and int64: a tensor of another dtype loads its kernel on first use), False
-    for ``chain_speculative_sampling``.  Each argument may be one value or several; every
+    "block", "tree", or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
+    (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
+    draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
+    numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use),
+    False for ``chain_speculative_sampling``.  For "tree", ``num_draft`` is the number of nodes M
+    (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
+    of the node tokens and parents, and neither ``counter_dtype`` nor ``logits`` applies
+    (``with_replacement`` selects no kernel).  Each argument may be one value or several; every
     combination is loaded.  Returns the number of combinations.
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
@@ -58,13 +63,15 @@ def warmup(
     has_drafts = _members("draft_probs", _choices(draft_probs, bool), (True, False))
     ids_dtypes = _members("ids_dtype", _choices(ids_dtype, torch.dtype), INDEX_DTYPES)
     counter_dtypes = _members("counter_dtype", _choices(counter_dtype, torch.dtype), INDEX_DTYPES)
-    modes = _members("verification", _choices(verification, str), ("token", "block"))
+    modes = _members("verification", _choices(verification, str), ("token", "block", "tree"))
     from_logits = _members("logits", _choices(logits, bool), (False, True))
+    parents_dtypes = _members("parents_dtype", _choices(parents_dtype, torch.dtype), INDEX_DTYPES)
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
     from .chain.block import launch as block
     from .chain.token import launch as token
+    from .tree.launch import tree_speculative_sampling_triton
 
     launchers = {("token", False): token.chain_speculative_sampling_triton,
                  ("block", False): block.block_speculative_sampling_triton,
@@ -79,8 +86,9 @@ def warmup(
                   torch.ones(1, dtype=torch.float32, device=device),
                   torch.zeros(1, dtype=torch.float32, device=device)]
     count = 0
+    chains = [mode for mode in modes if mode != "tree"]
     for mode, logit, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
-            modes, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
+            chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
         for source in sources[has_draft, logit]:
             target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
             draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
@@ -95,6 +103,16 @@ def warmup(
             # Split over two programs too where V has two chunks: the combine kernels.
             for programs in (1, 2):
                 launchers[mode, logit](*args, programs)
+            count += 1
+    if "tree" in modes:  # no counters and no logits; parents of their own dtype
+        for dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+                dtypes, num_drafts, has_drafts, ids_dtypes, parents_dtypes):
+            target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+            draft = torch.zeros_like(target) if has_draft else None  # a row per node and the root
+            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+            parents = torch.zeros(1, n, dtype=parents_dt, device=device)
+            seed = torch.zeros(2, dtype=torch.int64, device=device)
+            tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
             count += 1
     return count
 

@@ -44,3 +44,40 @@ def softmax_inputs(batch=4, num_draft=3, vocab=16, dtype=torch.float32, id_dtype
 def counters(batch, dtype=torch.int32):
     """Fresh (accepted, emitted) counters."""
     return torch.zeros(batch, dtype=dtype), torch.zeros(batch, dtype=dtype)
+
+
+def full_tree(width, depth):
+    """Parents (M,) of the full tree of ``width`` children per node and ``depth`` levels, nodes
+    numbered level by level (a parent before its children, siblings together)."""
+    parents, level, following = [], [0], 1
+    for _ in range(depth):
+        children = []
+        for node in level:
+            parents += [node] * width
+            children += range(following, following + width)
+            following += width
+        level = children
+    return torch.tensor(parents, dtype=torch.int64)
+
+
+def tree_inputs(batch, num_nodes, vocab, *, dtype=torch.float32, draft=True,
+                ids_dtype=torch.int64, parents_dtype=torch.int64, parents=None, sharp=4.0,
+                seed=0, device=DEVICE):
+    """(draft_probs or None, draft_token_ids, parents, target_probs) on ``device``: random trees
+    (each node's parent uniform among the nodes before it) unless ``parents`` (M,) is given,
+    peaked rows, draft rows that half follow the target, and every node's token drawn from its
+    parent's draft row."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    target = torch.rand(batch, num_nodes + 1, vocab, generator=gen, device=device) ** sharp
+    target = target / target.sum(-1, keepdim=True)
+    draft_probs = torch.rand(batch, num_nodes + 1, vocab, generator=gen, device=device) ** sharp
+    draft_probs = 0.5 * draft_probs / draft_probs.sum(-1, keepdim=True) + 0.5 * target
+    if parents is None:
+        upper = torch.arange(1, num_nodes + 1, device=device)
+        parents = (torch.rand(batch, num_nodes, generator=gen, device=device) * upper).long()
+    else:
+        parents = parents.to(device).expand(batch, num_nodes)
+    rows = draft_probs[torch.arange(batch, device=device)[:, None], parents]
+    ids = torch.multinomial(rows.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_nodes)
+    return ((draft_probs.to(dtype) if draft else None), ids.to(ids_dtype),
+            parents.to(parents_dtype).contiguous(), target.to(dtype))

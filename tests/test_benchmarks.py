@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,11 @@ def bench(monkeypatch):
 
 
 def run_script(args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    # A script's own folder, not the checkout, heads its sys.path: the checkout goes on
+    # PYTHONPATH, so that the scripts run this checkout's specops, installed or not.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, **(env or {})})
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
 
 def test_needed_bytes_worst_case_and_from_the_output(bench):
@@ -101,7 +105,8 @@ def test_gpu_check_rehearsal(tmp_path):
     assert len(rows) == 2 and all(float(r["ours_eager_us"]) > 0 and float(r["base_eager_us"]) > 0 for r in rows)
     assert all(r["ours_graph_us"] == "" for r in rows)  # no CUDA graphs on CPU
     assert "CUDA-graph timings skipped" in (tmp_path / "grid-float32.log").read_text()
-    assert '"mismatched": 0' in (tmp_path / "agreement.log").read_text()
+    agreement = (tmp_path / "agreement.log").read_text()
+    assert '"mismatched": 0' in agreement and '"verification": "tree"' in agreement
     assert "| grid-float32 | passed |" in (tmp_path / "summary.md").read_text()
 
 
@@ -130,3 +135,17 @@ def test_vocab_parallel_quick():
     assert methods == ["all-gather + single device", "vocab-parallel"]
     gather, parallel = (int(line.split("|")[6].strip().replace(",", "")) for line in lines)
     assert parallel * 100 < gather  # O(B (N + 1)) against O(B (N + 1) V)
+
+
+def test_tree_verification_benchmark_quick():
+    """benchmarks/tree_verification.py on its smoke-test grid: every column filled, and the
+    tree keeps more characters per call than its chain."""
+    proc = run_script([str(BENCH / "tree_verification.py"), "--quick"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 "))
+    assert len(row) == 11 and all(float(x) > 0 for x in row[5:]), proc.stdout
+    gains = [line for line in proc.stdout.splitlines() if "(lossless" in line]
+    assert gains, proc.stdout
+    for line in gains:
+        tree, chain = (float(x) for x in re.findall(r"(?:tree|chain) ([0-9.]+)", line))
+        assert tree > chain and "lossless PASS" in line, line

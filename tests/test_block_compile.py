@@ -12,15 +12,14 @@ What the launcher varies (compile-time): the probability dtype, draft_probs give
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from compile_checks import (assert_16_byte_row_loads, assert_issue_bounds, assert_no_spills,
+                            run_worker)  # tests/compile_checks.py
+
 triton = pytest.importorskip("triton")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROB_DTYPES = ("fp32", "fp16", "bf16")
 
 # (probability dtype, draft_probs given, aligned, id dtype) for the row pass;
@@ -68,13 +67,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"),
-                                         env.get("PYTHONPATH", "")])
-    args = [sys.executable, "-c", WORKER, json.dumps([ROW_SPECS, SCAN_SPECS])]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_worker(WORKER, json.dumps([ROW_SPECS, SCAN_SPECS]))
     if "skip" in out:
         pytest.skip(out["skip"])
     return out
@@ -83,39 +76,21 @@ def compiled():
 def test_no_spills(compiled):
     for kind, specs in (("row", ROW_SPECS), ("scan", SCAN_SPECS)):
         for spec, res in zip(specs, compiled[kind]):
-            assert not res["local_in_ptx"], (kind, spec)
-            if "resources" in res:  # cuobjdump ships with triton's NVIDIA backend
-                r = res["resources"]
-                assert r.get("LOCAL", 0) == 0 and r.get("STACK", 0) == 0, (kind, spec, r)
-                assert res["spills"] == 0 and r["REG"] <= 255, (kind, spec, r)
+            assert_no_spills(res, (kind, spec))
 
 
 def test_row_loops_use_16_byte_loads(compiled):
-    for (prob, draft, aligned, _), res in zip(ROW_SPECS, compiled["row"]):
+    for spec, res in zip(ROW_SPECS, compiled["row"]):
+        prob, draft, aligned, _ = spec
         if "row_loops" not in res:
             continue
         # Draft given: the p loop (ended rows) and the residual loop; None: the p loop and the
         # w p loop (w_t < 1).
         assert set(res["row_loops"]) == ({"p", "residual"} if draft else {"p", "scaled"}), res
-        if not aligned:
-            continue  # V % 16 != 0: rows are not 16-byte aligned, so no vector loads
-        # 1024 values over 128 threads: 8 per thread = 2 (fp32) or 1 (fp16/bf16) 16-byte loads
-        # per row per chunk, and no narrower load.
-        per_row = 2 if prob == "fp32" else 1
-        for name, loop in res["row_loops"].items():
-            rows = 2 if name == "residual" else 1
-            assert loop["loads16"] == per_row * rows and loop["other_loads"] == 0, (prob, name)
+        if aligned:  # V % 16 != 0: rows are not 16-byte aligned, so no vector loads
+            assert_16_byte_row_loads(res, prob, spec)
 
 
 def test_issue_bound_beats_the_goal(compiled):
-    """Every variant's row loop can stream faster than 1.25 x the H200's 4.8 TB/s on instruction
-    issue alone (benchmarks/sass_budget.py prints the table)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from sass_budget import GOAL_BYTES_PER_S
-
-    budgets = [row for res in compiled["row"] for row in res.get("budget", [])]
-    if not budgets:
-        pytest.skip("no nvdisasm beside this triton")
-    assert len(budgets) == 12  # 3 dtypes x (draft: p only, residual read; None: p, w p)
-    for row in budgets:
-        assert row["issue_bound"] >= GOAL_BYTES_PER_S, row
+    # 3 dtypes x (draft: p only, residual read; None: p, w p)
+    assert_issue_bounds([row for res in compiled["row"] for row in res.get("budget", [])], 12)

@@ -20,20 +20,17 @@ import torch
 import specops
 from specops.chain.block import reference as block
 from specops.chain.outputs import write_outputs
-from specops.stats import chi2_pvalue, normal_pvalue
+from specops.stats import normal_pvalue
+
+import worlds  # tests/worlds.py
 
 P_THRESHOLD = 1e-4
 LENGTH = 3  # tokens of each sequence whose joint distribution is tested
 
 
 def make_world(vocab: int, num_draft: int, seed: int, scale: float):
-    """Target rows P (positions, V) and draft rows Q, one per absolute position: independent
-    softmaxes of Gaussian logits times ``scale``."""
-    g = torch.Generator().manual_seed(seed)
-    positions = LENGTH + num_draft + 1
-    p = torch.softmax(scale * torch.randn(positions, vocab, generator=g, dtype=torch.float64), -1)
-    q = torch.softmax(scale * torch.randn(positions, vocab, generator=g, dtype=torch.float64), -1)
-    return p, q
+    """Target and draft rows for the positions a sequence of LENGTH tokens can reach."""
+    return worlds.make_world(vocab, LENGTH + num_draft + 1, seed, scale)
 
 
 def broken_block_op(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed, offset):
@@ -95,16 +92,6 @@ def decode(op, p, q, num_draft, sequences, seed, greedy=False):
     return tokens[:, :LENGTH], calls
 
 
-def joint_pvalue(tokens, p):
-    vocab = p.shape[1]
-    index = (tokens * vocab ** torch.arange(LENGTH)).sum(1)
-    counts = torch.bincount(index, minlength=vocab**LENGTH)
-    expected = p[0]
-    for t in range(1, LENGTH):
-        expected = torch.outer(p[t], expected).flatten()  # index = tok_0 + V tok_1 + ...
-    return chi2_pvalue(counts, expected)
-
-
 # (V, N, seed, scale). The first three are worlds where weighting the residual matters enough for
 # 20000 sequences to tell (found by trying seeds; in many worlds the unweighted variant is off by
 # less than that).
@@ -117,21 +104,21 @@ WORLDS = DETECTABLE + [(4, 2, 0, 2.0)]
 def test_sequences_follow_the_target(verification, vocab, num_draft, seed, scale):
     p, q = make_world(vocab, num_draft, seed, scale)
     tokens, _ = decode(public_op(verification), p, q, num_draft, 20000, seed)
-    assert joint_pvalue(tokens, p) > P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, p) > P_THRESHOLD
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_greedy_drafts_sequences_follow_the_target(verification):
     p, q = make_world(4, 3, 7, 2.0)
     tokens, _ = decode(public_op(verification), p, q, 3, 20000, 7, greedy=True)
-    assert joint_pvalue(tokens, p) > P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, p) > P_THRESHOLD
 
 
 @pytest.mark.parametrize("vocab,num_draft,seed,scale", DETECTABLE)
 def test_detector_catches_unweighted_residual(vocab, num_draft, seed, scale):
     p, q = make_world(vocab, num_draft, seed, scale)
     tokens, _ = decode(broken_block_op, p, q, num_draft, 20000, seed)
-    assert joint_pvalue(tokens, p) < P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, p) < P_THRESHOLD
 
 
 # ----------------------------------------------------------------------------------------------

@@ -92,7 +92,9 @@ def test_relative_links_exist(path):
 
 
 def run(args: list[str], timeout: int) -> str:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The checkout on PYTHONPATH: a script's own folder, not the checkout, heads its sys.path.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
     result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -159,6 +161,55 @@ def test_demo_bad_flags_get_their_own_one_line_message():
     assert "--min-p: expected a number in [0, 1], got 'x'" in demo_error("--min-p", "x")
     if not torch.cuda.is_available():
         assert "--device: CUDA is not available" in demo_error("--device", "cuda")
+
+
+@pytest.mark.parametrize("children", ["sampled", "top-k"])
+def test_demo_tree_reports_against_the_chain_and_is_lossless(children):
+    out = run(["-m", "specops.demo", "--tree", "2x3", "--tree-children", children,
+               "--batch-size", "64", "--length", "160", "--seed", "1"], 120)
+    tree = float(re.search(r"characters per target call +([0-9.]+)", out).group(1))
+    chain = float(re.search(r"the chain of the same depth +([0-9.]+)", out).group(1))
+    assert "a full tree of 2x3 (14 draft characters" in out and "N = 3" in out, out
+    assert tree > chain, out
+    assert "lossless check               PASS" in out, out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tree", "3"], "--tree: expected WIDTHxDEPTH, such as 2x4; got '3'"),
+    (["--tree", "0x2"], "--tree: expected WIDTHxDEPTH, such as 2x4; got '0x2'"),
+    (["--tree", "4x8"], "--tree: 4x8 makes a tree of 87380 nodes; at most 1023"),
+    (["--tree-children", "all"], "--tree-children: invalid choice: 'all'"),
+    (["--tree", "2x2", "--top-k", "3", "--min-p", "0.1"],
+     "--tree verifies the models' probabilities as they are; sampling parameters (--top-k, "
+     "--min-p) are for chains only"),
+])
+def test_demo_tree_flags_get_one_line_messages(args, message, capsys):
+    import specops.demo
+
+    with pytest.raises(SystemExit) as info:  # argparse's own exit: a usage line and the message
+        specops.demo.parse_args(args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_demo_tree_check_catches_a_biased_sampler(monkeypatch, capsys):
+    import specops.demo
+
+    honest = specops.tree_speculative_sampling
+
+    def biased(draft_probs, draft_token_ids, parents, target_probs, **kwargs):
+        # Target rows scaled by 3: children are accepted far too often.
+        return honest(draft_probs, draft_token_ids, parents, target_probs * 3, **kwargs)
+
+    monkeypatch.setattr(specops, "tree_speculative_sampling", biased)
+    threads = torch.get_num_threads()
+    try:
+        result = specops.demo.main(["--tree", "2x3", "--batch-size", "64", "--length", "160",
+                                    "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    assert not result["lossless"]
+    assert "lossless check               FAIL" in capsys.readouterr().out
 
 
 def test_demo_help_is_plain_and_shows_defaults():

@@ -116,7 +116,15 @@ logits = logits == "logits"
 
 def call(draft, ids, target, acc, emit, **kwargs):
     """The public function the loop uses; from logits, drafts from probabilities and from
-    logits alike, with every parameter on."""
+    logits alike, with every parameter on; a tree: a chain of nodes, with replacement on even
+    batches and without on odd ones (with_replacement selects no kernel)."""
+    if verification == "tree":
+        batch, n = ids.shape
+        if draft is not None:
+            draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
+        specops.tree_speculative_sampling(draft, ids, torch.arange(n).expand(batch, n), target,
+                                          with_replacement=batch % 2 == 0, **kwargs)
+        return
     if not logits:
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
                                            verification=verification, **kwargs)
@@ -168,8 +176,11 @@ after = driver.utils.modules_loaded
 # Rows that are not 16-byte aligned select another kernel: it must be compiled, not the aligned
 # one launched on them.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
-specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target,
-                                   seed=5, verification=verification)
+if verification == "tree":
+    call(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target, None, None, seed=5)
+else:
+    specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64),
+                                       target, seed=5, verification=verification)
 print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
                   "launches_after": driver.utils.launches - launches,
                   "loaded_unaligned": driver.utils.modules_loaded - after}))
@@ -180,15 +191,18 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
     ("warmup", "direct", "token", "probs"), ("one call", "direct", "token", "probs"),
     ("warmup", "hooked", "token", "probs"), ("warmup", "direct", "block", "probs"),
     ("one call", "hooked", "block", "probs"), ("warmup", "direct", "token", "logits"),
-    ("warmup", "direct", "block", "logits"),
+    ("warmup", "direct", "block", "logits"), ("warmup", "direct", "tree", "probs"),
+    ("one call", "hooked", "tree", "probs"),
 ])
 def test_nothing_compiles_after_warm_up(first, path, verification, logits):
     result = run_standin(NO_NEW_KERNELS, first, path, verification, logits)
     # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
     # pass and the scan kernel, each with and without draft_probs. From logits, token: the row
     # statistics kernel, the main kernel reading logits with drafts from probabilities, from
-    # logits and neither, and the combine kernel; block: its kernels on the processed rows.
-    expected = {("token", "probs"): 3, ("block", "probs"): 4, ("token", "logits"): 5}
+    # logits and neither, and the combine kernel; block: its kernels on the processed rows. Tree:
+    # its one kernel, with and without draft_probs.
+    expected = {("token", "probs"): 3, ("block", "probs"): 4, ("token", "logits"): 5,
+                ("tree", "probs"): 2}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result
@@ -201,10 +215,12 @@ import json, torch, specops
 from specops.chain.token import launch as token
 from specops.chain.block import launch as block
 from specops.core import logits_launch
+from specops.tree import launch as tree
 
 N, V = 3, 2048
 launched = []
-for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, logits_launch.STATISTICS):
+for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, logits_launch.STATISTICS,
+               tree.KERNEL):
     real = kernel.launch
     def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
         launched.append((kernel, compiled, args, constexprs))
@@ -252,6 +268,22 @@ for changes in ({}, dict(dtype=torch.bfloat16), dict(dtype=torch.float16),
                 dict(top_p=torch.float64), dict(min_p=torch.float64), dict(n=7),
                 dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1)):
     logits_variant(**changes)
+
+
+def tree_variant(dtype=torch.float32, ids=torch.int64, parents=torch.int64, draft=True, m=N,
+                 vocab=V, shift_target=False, shift_draft=False):
+    target = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+    target = target[:, :, 1:] if shift_target else target[:, :, :vocab]
+    q = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+    q = (q[:, :, 1:] if shift_draft else q[:, :, :vocab]) if draft else None
+    specops.tree_speculative_sampling(q, torch.zeros(2, m, dtype=ids),
+                                      torch.zeros(2, m, dtype=parents), target, seed=1)
+
+
+for changes in ({}, dict(dtype=torch.float16), dict(dtype=torch.bfloat16), dict(ids=torch.int32),
+                dict(parents=torch.int32), dict(draft=False), dict(m=20), dict(vocab=V - 1),
+                dict(shift_target=True), dict(shift_draft=True)):
+    tree_variant(**changes)
 # The kernel every launch used against the one Triton's own binder picks for its arguments.
 same = [compiled.kernel.hash == kernel.fn.warmup(*args, *constexprs, grid=(1,),
                                                  **kernel.options).hash
@@ -264,7 +296,7 @@ def test_every_launch_uses_the_kernel_tritons_binder_picks():
     """The launchers' cache keys name every argument property Triton specialises on: a field
     dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
     result = run_standin(KEY_SCRIPT)
-    assert result["launches"] >= 2 * 11 + 10 + 2 * 14, result
+    assert result["launches"] >= 2 * 11 + 10 + 2 * 14 + 10, result
     assert all(result["same"]), result
 
 
@@ -304,9 +336,11 @@ def test_per_call_hooks_and_knobs_take_kernel_grid():
 
 
 def test_host_overhead_benchmark_runs():
+    # The checkout on PYTHONPATH: a script's own folder, not the checkout, heads its sys.path.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--rounds", "1",
-                           "--calls", "2"], capture_output=True, text=True, cwd=ROOT,
-                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+                           "--calls", "2"], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for entry in ("bare launch (unit)", "public, seed tensor", "public, seed int",

@@ -4,7 +4,8 @@
 * a sampler is a package with a plain reference (``reference.py``), a registered op (``op.py``),
   a kernel and its launcher; samplers that share rules live in a family package (specops/chain/:
   token/ and block/ verification), whose own modules import core/ only;
-* a sampler imports core/, its family's shared modules and itself, never another sampler;
+* a sampler imports core/, its family's shared modules and itself, never another sampler; a
+  sampler of no family (specops/tree/) imports core/ and itself only;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
 * specops/distributed/ (vocabulary-parallel verification) is a public layer of its own above the
@@ -64,6 +65,7 @@ def inside(module: str, package: str) -> bool:
 
 def test_imports_are_read():
     assert "specops.chain.token" in SAMPLERS and "specops.chain.block" in SAMPLERS
+    assert "specops.tree" in SAMPLERS
     assert "specops.core.race" in IMPORTS["specops.chain.token.reference"]
     assert "specops.api" in IMPORTS["specops"]
 
@@ -89,8 +91,12 @@ def allowed(importer: str, imported: str) -> bool:
     own, target = sampler_of(importer), sampler_of(imported)
     if target is not None:
         return target == own
-    # A shared module: of the importer's family (the package above its sampler, or its own).
-    return inside(imported, (own or importer).rpartition(".")[0])
+    # A shared module: of the importer's family (the package above its sampler, or its own). A
+    # sampler directly under specops/ (tree/) has no family: core and itself only.
+    family = (own or importer).rpartition(".")[0]
+    if own is not None and family == "specops":
+        return False
+    return inside(imported, family)
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if n not in PUBLIC

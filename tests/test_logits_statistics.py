@@ -17,7 +17,8 @@ import torch
 
 import specops
 from specops.core import logits as processing
-from specops.stats import chi2_pvalue
+
+import worlds  # tests/worlds.py
 
 P_THRESHOLD = 1e-4
 LENGTH = 2  # tokens of each sequence whose joint distribution is tested
@@ -83,15 +84,6 @@ def decode(target, draft, params, draft_source, verification, seed, op=None):
     return tokens[:, :LENGTH], calls
 
 
-def joint_pvalue(tokens, rows):
-    index = (tokens * VOCAB ** torch.arange(LENGTH)).sum(1)
-    counts = torch.bincount(index, minlength=VOCAB**LENGTH)
-    expected = rows[0]
-    for t in range(1, LENGTH):
-        expected = torch.outer(rows[t], expected).flatten()  # index = tok_0 + V tok_1 + ...
-    return chi2_pvalue(counts, expected)
-
-
 PROCESSING = {"none": {}, "min_p": dict(min_p=0.15), "top_k": dict(top_k=3),
               "top_p": dict(top_p=0.7), "all": dict(min_p=0.05, top_k=4, top_p=0.8)}
 # Every processing at every temperature; verification mode and draft source rotate through the
@@ -107,7 +99,7 @@ def test_sequences_follow_the_processed_target(temperature, processing, verifica
     params = dict(temperature=temperature, **PROCESSING[processing])
     target, draft = make_world(seed=int(temperature * 10) + len(processing))
     tokens, _ = decode(target, draft, params, draft_source, verification, seed=3)
-    assert joint_pvalue(tokens, process(target, params)) > P_THRESHOLD
+    assert worlds.joint_pvalue(tokens, process(target, params)) > P_THRESHOLD
 
 
 def cold_draft_op(draft_probs, ids, target_logits, *, draft_logits, temperature, **kwargs):
@@ -123,9 +115,9 @@ def test_detector_catches_the_temperature_left_out_of_the_draft(verification):
     params = dict(temperature=0.5)
     target, draft = make_world(seed=4)
     honest, _ = decode(target, draft, params, "logits", verification, seed=5)
-    assert joint_pvalue(honest, process(target, params)) > P_THRESHOLD
+    assert worlds.joint_pvalue(honest, process(target, params)) > P_THRESHOLD
     broken, _ = decode(target, draft, params, "logits", verification, seed=5, op=cold_draft_op)
-    assert joint_pvalue(broken, process(target, params)) < P_THRESHOLD
+    assert worlds.joint_pvalue(broken, process(target, params)) < P_THRESHOLD
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])

@@ -136,6 +136,15 @@ def test_slot_layout_per_request_seeds():
     assert float(u1[1, 1]) == expected_uniform(-7, 9, 0, 1)
 
 
+
+def test_a_slot_range_is_the_same_slots_of_the_full_layout():
+    # first_slot selects slots first_slot.. of the same layout (a tree draw's block of slots).
+    seeds, offsets = torch.tensor([5, -7, 2**62]), torch.tensor([3])
+    full = R.request_uniforms(seeds, offsets, 3, 40)
+    assert torch.equal(R.request_uniforms(seeds, offsets, 3, 9, first_slot=31), full[:, 31:])
+    assert float(R.request_uniforms(seeds, offsets, 3, 1, first_slot=2**31)[1, 0]) == \
+        expected_uniform(-7, 3, 0, 2**31)
+
 def test_slot_helpers():
     from specops.chain.token import slots
     from specops.core import race

@@ -7,11 +7,12 @@ import re
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
 from specops.chain.arguments import check_arguments
+
+from tracing import errors_while_tracing  # tests/tracing.py
 
 OP = torch.ops.specops.chain_speculative_sampling
 B, N, V = 3, 2, 5
@@ -121,19 +122,10 @@ def _compiled_call(*args):
 def test_bad_input_same_error_under_compile(case):
     _, name, value, exc, _ = case
     message = eager_error(name, value, exc)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
-    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as info:
-        compiled(*bad_args(name, value))
-    # Raised while tracing (no graph reached the backend) by the fake implementation: Dynamo
-    # wraps it (differently in different torch releases), and the eager exception, with the
-    # eager message, is in the chain of causes.
-    assert counter.frame_count == 0
-    chain, error = [], info.value
-    while error is not None and len(chain) < 20:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    # Raised while tracing by the fake implementation: the eager exception, with the eager
+    # message, is in the chain of causes.
+    chain = errors_while_tracing(_compiled_call, *bad_args(name, value),
+                                 raises=torch._dynamo.exc.TorchRuntimeError)
     original = [e for e in chain if type(e) is exc]
     assert original and str(original[0]) == message, [repr(e) for e in chain]
 
@@ -400,17 +392,8 @@ def test_aliased_counters_refused_at_trace_time(kind, fragment):
         # The public function under a mode (not compiling) names its caller's arguments too.
         with pytest.raises(ValueError, match=f"^maybe_output_accepted_token_num .*{fragment}"):
             specops.chain_speculative_sampling(*fake[:5], seed=fake[5], offset=fake[6])
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(_compiled_call, fullgraph=True, backend=counter)
-    with pytest.raises(Exception) as info:
-        compiled(args["draft_probs"], args["draft_token_ids"], args["target_probs"], acc, emit,
-                 args["seed"], args["offset"])
-    assert counter.frame_count == 0
-    chain, error = [], info.value
-    while error is not None and len(chain) < 20:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    chain = errors_while_tracing(_compiled_call, args["draft_probs"], args["draft_token_ids"],
+                                 args["target_probs"], acc, emit, args["seed"], args["offset"])
     assert any(type(e) is ValueError and fragment in str(e) for e in chain), [repr(e) for e in chain]
 
 
@@ -513,8 +496,9 @@ def test_numpy_integer_seeds_are_ints():
 
 
 @pytest.mark.parametrize("changes,fragment", [
-    (dict(verification="blok"), "verification must be one of token, block; got 'blok'"),
-    (dict(verification=("token", "tree")), "verification must be one of token, block"),
+    (dict(verification="blok"), "verification must be one of token, block, tree; got 'blok'"),
+    (dict(verification=("token", "trees")), "verification must be one of token, block, tree"),
+    (dict(parents_dtype=torch.uint8), "parents_dtype must be one of int32, int64"),
     (dict(dtype=torch.float64), "dtype must be one of float32, float16, bfloat16"),
     (dict(vocab=0), "vocab must be a positive int; got 0"),
     (dict(num_draft=range(0, 3)), "num_draft must be a positive int; got 0"),
@@ -528,4 +512,4 @@ def test_warmup_refuses_settings_no_call_can_have_on_every_device(changes, fragm
     args.update(changes)
     with pytest.raises(ValueError, match=re.escape(fragment)):
         specops.warmup(**args)
-    assert specops.warmup("cpu", 32000, range(1, 4), verification=("token", "block")) == 0
+    assert specops.warmup("cpu", 32000, range(1, 4), verification=("token", "block", "tree")) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,3 +50,19 @@ def triton_unavailable_error(device: torch.device) -> RuntimeError:
         "before triton is first imported (Triton's interpreter: slow, for tests); otherwise unset "
         "SPECOPS_BACKEND (auto) or set SPECOPS_BACKEND=torch to use the pure-torch backend."
     )
+
+
+def in_inference_mode(function):
+    """A CPU backend run in inference mode, which spares each of its operations autograd's
+    bookkeeping, its output tensor (or tuple of them) cloned out: an inference tensor refuses
+    in-place updates outside."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode():
+            result = function(*args, **kwargs)
+        if isinstance(result, torch.Tensor):
+            return result.clone()
+        return tuple(tensor.clone() for tensor in result)
+
+    return wrapper

@@ -65,6 +65,24 @@ def chunk_values(rows: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
     return chunks[torch.arange(batch, device=rows.device), chunk]
 
 
+def token_in_chunk(rows: torch.Tensor, chunk: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``inverse_cdf`` inside chunk ``chunk[b]`` of row b, read in place (no padded copy): (B,)."""
+    batch, vocab = rows.shape
+    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
+    if tail:
+        in_last = inverse_cdf(rows[:, full * CHUNK_SIZE :], u)
+        if not full:
+            return in_last
+    if batch == 0:
+        return chunk
+    # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole chunk k
+    # of row b is window b * V + k * CHUNK_SIZE.
+    windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
+    start = torch.arange(batch, device=rows.device) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
+    in_whole = inverse_cdf(windows.index_select(0, start), u)
+    return torch.where(chunk == full, in_last, in_whole) if tail else in_whole
+
+
 def sample_rows(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -> torch.Tensor:
     """One token per row of the (B, V) weights: int64 (B,), -1 where a row has no positive mass.
 

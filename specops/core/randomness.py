@@ -67,14 +67,16 @@ def split64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x & _MASK32, (x >> 32) & _MASK32
 
 
-def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int):
-    """The first ``num_slots`` uniforms of every request: a float32 (batch_size, num_slots) tensor.
+def request_uniforms(seed: torch.Tensor, offset: torch.Tensor, batch_size: int, num_slots: int,
+                     first_slot: int = 0):
+    """The uniforms of slots ``first_slot .. first_slot + num_slots - 1`` of every request: a
+    float32 (batch_size, num_slots) tensor.
 
     seed, offset: int64 tensors of 1 or batch_size elements. The Philox key is the seed; the
     counter is (slot, stream, offset), where stream is the request's batch row when one seed serves
     the whole batch and 0 when every request has its own seed (batch invariance).
     """
-    slots = torch.arange(num_slots, device=seed.device, dtype=torch.int64)
+    slots = torch.arange(first_slot, first_slot + num_slots, device=seed.device, dtype=torch.int64)
     return uniforms_at(seed, offset, batch_size, slots)
 
 

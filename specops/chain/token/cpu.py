@@ -13,7 +13,6 @@ work, and hands over to the reference's plain step 5 whenever a check fails (doc
 
 from __future__ import annotations
 
-import functools
 import math
 import struct
 from array import array
@@ -21,9 +20,10 @@ from array import array
 import torch
 
 from ..outputs import write_outputs
+from ...core.backends import in_inference_mode
 from ...core.probs import rows_at
 from ...core.probs import PROBABILITY_BOUND
-from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, race_winner
+from ...core.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
 from ...core.randomness import request_uniforms_fast, request_uniforms_host
 from ...core import logits_cpu
 from ..from_logits import on_processed_rows
@@ -97,24 +97,6 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     if bool((~(largest < HALF_BOUND) | (use_residual & (largest == 0))).any()):
         return None
     return rows, masses
-
-
-def token_in_chunk(rows: torch.Tensor, chunk: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``inverse_cdf`` inside chunk ``chunk[b]`` of row b, read in place (no padded copy): (B,)."""
-    batch, vocab = rows.shape
-    full, tail = divmod(vocab, CHUNK_SIZE)  # whole chunks, and the width of a last partial one
-    if tail:
-        in_last = inverse_cdf(rows[:, full * CHUNK_SIZE :], u)
-        if not full:
-            return in_last
-    if batch == 0:
-        return chunk
-    # All windows of CHUNK_SIZE consecutive values of the flattened rows, as a view: whole chunk k
-    # of row b is window b * V + k * CHUNK_SIZE.
-    windows = rows.reshape(-1).unfold(0, CHUNK_SIZE, 1)
-    start = torch.arange(batch) * vocab + chunk.clamp(max=full - 1) * CHUNK_SIZE
-    in_whole = inverse_cdf(windows.index_select(0, start), u)
-    return torch.where(chunk == full, in_last, in_whole) if tail else in_whole
 
 
 def as_float32(x: float) -> float:
@@ -200,19 +182,6 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     emitted_num.add_(_ONE, alpha=e)
     output = array("i", ids[:e] + [token] + [-1] * (num_draft - e))
     return torch.frombuffer(output, dtype=torch.int32).view(1, -1)  # cloned by the caller
-
-
-def in_inference_mode(function):
-    """Run ``function`` in inference mode, which spares each of its operations autograd's
-    bookkeeping, and clone its result out (an inference tensor refuses in-place updates outside)."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        with torch.inference_mode():
-            result = function(*args, **kwargs)
-        return result.clone()
-
-    return wrapper
 
 
 @in_inference_mode

@@ -1,0 +1,75 @@
+"""Launching the tree kernel: the three outputs, then one launch of grid (B,) through
+``core/launcher.py``. One program walks one request's tree, so there is no launch plan to make and
+no partials to combine (docs/performance.md, "Tree verification", says why)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.launcher import TritonKernel, alignment
+from ..core.race import CHUNK_SIZE
+from . import slots
+from .kernel import tree_speculative_sampling_kernel
+
+# Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
+GROUP = 128
+# How the kernel is built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
+# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16. No multiply-add
+# contraction, so every float operation rounds as the torch reference's does.
+LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
+KERNEL = TritonKernel(tree_speculative_sampling_kernel, **LAUNCH_OPTIONS)
+
+
+def block_m(num_nodes: int) -> int:
+    """Lanes of the node vectors: the M nodes and the M + 1 output positions, at least 16."""
+    return max(16, 1 << num_nodes.bit_length())  # the next power of 2 above M
+
+
+def tree_speculative_sampling_triton(
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    target_probs: torch.Tensor,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
+    with_replacement: bool = True,
+):
+    """Same contract as ``reference.tree_speculative_sampling_reference``. No host
+    synchronisation; the outputs are its only allocations (safe on concurrent streams and in CUDA
+    graphs)."""
+    batch, num_nodes = draft_token_ids.shape
+    vocab = target_probs.shape[2]
+    device = target_probs.device
+    has_draft = draft_probs is not None
+    if target_probs.stride(2) != 1:  # the row passes need unit vocabulary stride (16-byte loads)
+        target_probs = target_probs.contiguous()
+    if has_draft and draft_probs.stride(2) != 1:
+        draft_probs = draft_probs.contiguous()
+    out_tokens = torch.empty((batch, num_nodes + 1), dtype=torch.int32, device=device)
+    out_nodes = torch.empty((batch, num_nodes), dtype=torch.int32, device=device)
+    emitted = torch.empty((batch,), dtype=torch.int32, device=device)
+    if batch == 0:
+        return out_tokens, out_nodes, emitted
+    draft = draft_probs if has_draft else target_probs  # a pointer the kernel never reads
+    stride_tb, stride_tn, _ = target_probs.stride()
+    stride_db, stride_dn = draft.stride()[:2]
+    stride_ib, stride_in = draft_token_ids.stride()
+    stride_pb, stride_pn = parents.stride()
+    seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
+    offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
+    args = (target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
+            emitted, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+            stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
+            int(with_replacement), slots.slots_per_draw(vocab))
+    constexprs = (has_draft, block_m(num_nodes), GROUP, CHUNK_SIZE)  # HAS_DRAFT, BLOCK_M, ...
+    # What Triton specialises on beyond the checks (seed and offset int64, draft_probs of
+    # target_probs' dtype): the id and parent dtypes, the row arguments' 16-byte alignment, and
+    # whether the unspecialised integers fit in 32 bits.
+    key = (constexprs, target_probs.dtype, draft_token_ids.dtype, parents.dtype,
+           alignment((target_probs.data_ptr(), draft.data_ptr()),
+                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
+           max(stride_ib, stride_in, stride_pb, stride_pn, seed_stride, offset_stride,
+               num_nodes) < 2**31)
+    compiled = KERNEL.compiled(key, args, constexprs)
+    KERNEL.launch((batch,), compiled, args, constexprs)
+    return out_tokens, out_nodes, emitted

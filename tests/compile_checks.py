@@ -1,0 +1,62 @@
+"""What the ahead-of-time compile tests share (tests/test_triton_compile.py,
+test_block_compile.py, test_tree_compile.py): the worker subprocess that compiles for sm_90, and
+the checks on the report benchmarks/sass_budget.py's ``compile_report`` makes of each kernel.
+
+The workers run without ``TRITON_INTERPRET``: under the interpreter ``@triton.jit`` builds objects
+that cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+
+
+def run_worker(worker: str, *argv: str):
+    """The JSON the ``worker`` script prints last, run with this checkout and benchmarks/ on its
+    path."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, BENCHMARKS, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", worker, *argv], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_no_spills(report: dict, context) -> None:
+    """Nothing in local memory: no local arrays, no stack frame, no spill stores or loads."""
+    assert not report["local_in_ptx"], context
+    if "resources" in report:  # cuobjdump ships with triton's NVIDIA backend
+        r = report["resources"]
+        assert r.get("LOCAL", 0) == 0 and r.get("STACK", 0) == 0, (context, r)
+        assert report["spills"] == 0 and r["REG"] <= 255, (context, r)
+
+
+def assert_16_byte_row_loads(report: dict, prob: str, context) -> None:
+    """1024 values over 128 threads: 8 per thread = 2 (fp32) or 1 (fp16/bf16) 16-byte loads per
+    row per chunk in every row loop, and no narrower load (the residual loop reads two rows)."""
+    per_row = 2 if prob == "fp32" else 1
+    for name, loop in report["row_loops"].items():
+        rows = 2 if name == "residual" else 1
+        assert loop["loads16"] == per_row * rows and loop["other_loads"] == 0, (context, name, loop)
+
+
+def assert_issue_bounds(budgets: list, count: int) -> None:
+    """Every one of the ``count`` budgeted row loops can stream faster than 1.25 x the H200's
+    4.8 TB/s on instruction issue alone (benchmarks/sass_budget.py prints the tables)."""
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    from sass_budget import GOAL_BYTES_PER_S
+
+    if not budgets:
+        pytest.skip("no nvdisasm beside this triton")
+    assert len(budgets) == count
+    for row in budgets:
+        assert row["issue_bound"] >= GOAL_BYTES_PER_S, row

@@ -1,0 +1,76 @@
+"""Ahead-of-time compilation of the tree kernel for Hopper (sm_90), no GPU needed (the approach of
+tests/test_triton_compile.py; benchmarks/sass_budget.py does the compiling and the reading): its
+row loops must read their rows with 16-byte loads only and stay within the instruction budget, and
+nothing may spill to local memory. Compiled in a subprocess without TRITON_INTERPRET (under the
+interpreter ``@triton.jit`` builds objects that cannot be compiled).
+
+What the launcher varies (compile-time): the probability dtype, draft_probs given or None,
+BLOCK_M (next_pow2(M + 1), at least 16), the id and parent dtypes, and the 16-divisibility of V,
+the row strides and the row pointers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compile_checks import (assert_16_byte_row_loads, assert_issue_bounds, assert_no_spills,
+                            run_worker)  # tests/compile_checks.py
+
+triton = pytest.importorskip("triton")
+
+PROB_DTYPES = ("fp32", "fp16", "bf16")
+
+# (probability dtype, draft_probs given, aligned, id dtype, parent dtype, BLOCK_M)
+SPECS = ([(prob, draft, True, "i64", "i64", 16) for prob in PROB_DTYPES for draft in (True, False)]
+         + [("bf16", False, False, "i64", "i64", 16), ("fp32", True, False, "i32", "i32", 1024)])
+
+WORKER = r'''
+import inspect, json, sys
+from triton.compiler import ASTSource
+import sass_budget  # benchmarks/
+
+if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
+    print(json.dumps({"skip": "ASTSource API of triton < 3.3"}))
+    sys.exit(0)
+
+out = []
+for prob, draft, aligned, ids, parents, block_m in json.loads(sys.argv[1]):
+    kernel = sass_budget.compile_tree(prob, draft, ids, parents, block_m, aligned)
+    found = sass_budget.compile_report(kernel, with_row_loops=True)
+    if aligned and block_m == 16 and "row_loops" in found:
+        found["budget"] = sass_budget.budget(prob, draft, kernel, "tree")
+    out.append(found)
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    out = run_worker(WORKER, json.dumps(SPECS))
+    if isinstance(out, dict) and "skip" in out:
+        pytest.skip(out["skip"])
+    return out
+
+
+def test_no_spills(compiled):
+    for spec, res in zip(SPECS, compiled):
+        assert_no_spills(res, spec)
+
+
+def test_row_loops_use_16_byte_loads(compiled):
+    for spec, res in zip(SPECS, compiled):
+        prob, draft, aligned = spec[:3]
+        if "row_loops" not in res:
+            continue
+        # Draft given: the residual loop (a rejection's pass) and the p loop (a leaf's draw);
+        # target-only: the p loop.
+        assert set(res["row_loops"]) == ({"p", "residual"} if draft else {"p"}), res
+        if aligned:  # V % 16 != 0: rows are not 16-byte aligned, so no vector loads
+            assert_16_byte_row_loads(res, prob, spec)
+
+
+def test_issue_bound_beats_the_goal(compiled):
+    # 3 dtypes x (draft: p, residual read; None: p)
+    assert_issue_bounds([row for res in compiled for row in res.get("budget", [])], 9)
