@@ -99,15 +99,18 @@ def compile_combine():
                               {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}, options=LAUNCH_OPTIONS)
 
 
-def compile_block_row_pass(prob, draft, ids="i64", aligned=True):
-    """The block-verification row pass as its launcher would specialise it."""
+def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
+                           draft_logits=False):
+    """The block-verification row pass as its launcher would specialise it (``logits``,
+    ``draft_logits``: as for compile_main)."""
     from specops.chain.block.kernel import block_row_pass_kernel
     from specops.chain.block.launch import GROUP, LAUNCH_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
-             "masses_ptr": "*fp32"}
-    constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK}
+             "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+    constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK, "LOGITS": logits,
+                  "DRAFT_LOGITS": draft_logits}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
 
 
@@ -302,18 +305,19 @@ def main() -> int:
                     print_row(row)
                 print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
         print()
-    # The token kernel reading logits through their rows' statistics (drafts from probabilities,
+    # The chain kernels reading logits through their rows' statistics (drafts from probabilities,
     # from logits, or neither).
-    print_header("chain kernel from logits")
-    for prob in PROB_DTYPES:
-        for draft, draft_logits in ((True, False), (True, True), (False, False)):
-            kernel = compile_main(prob, draft, logits=True, draft_logits=draft_logits)
-            label = " logits" + (" draft logits" if draft_logits else "")
-            for row in budget(prob, draft, kernel, "chain", label):
-                ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                print_row(row)
-            print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
-    print()
+    for sampler in ("chain", "block"):
+        print_header(sampler + " kernel from logits")
+        for prob in PROB_DTYPES:
+            for draft, draft_logits in ((True, False), (True, True), (False, False)):
+                kernel = COMPILERS[sampler](prob, draft, logits=True, draft_logits=draft_logits)
+                label = " logits" + (" draft logits" if draft_logits else "")
+                for row in budget(prob, draft, kernel, sampler, label):
+                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+                    print_row(row)
+                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+        print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
     return 0 if ok else 1

@@ -26,8 +26,11 @@ PROB_DTYPES = ("fp32", "fp16", "bf16")
 # (dtype, draft, BLOCK_N) for the scan.
 ROW_SPECS = ([(prob, draft, True, "i64") for prob in PROB_DTYPES for draft in (True, False)]
              + [(prob, draft, False, "i64") for prob in PROB_DTYPES for draft in (True, False)]
-             + [("bf16", True, True, "i32")])
-SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16)]
+             + [("bf16", True, True, "i32")]
+             # reading logits: drafts from probabilities, from logits, or neither
+             + [(prob, draft, True, "i64", True, draft_logits) for prob in ("fp32", "bf16")
+                for draft, draft_logits in ((True, False), (True, True), (False, False))])
+SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16), ("bf16", True, 8, True)]
 
 WORKER = r'''
 import inspect, json, sys
@@ -41,22 +44,23 @@ if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
     sys.exit(0)
 
 
-def compile_scan(prob, draft, block_n):
+def compile_scan(prob, draft, block_n, logits=False):
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*i32",
              "accepted_ptr": "*i32", "emitted_ptr": "*i64", "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
-             "masses_ptr": "*fp32"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024}
+             "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024,
+                  "LOGITS": logits, "DRAFT_LOGITS": logits and draft}
     return sass_budget.compile_for_hopper(block_scan_kernel, types, constexprs,
                                           options=LAUNCH_OPTIONS)
 
 
 row_specs, scan_specs = json.loads(sys.argv[1])
 out = {"row": [], "scan": []}
-for prob, draft, aligned, ids in row_specs:
-    kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned)
+for prob, draft, aligned, ids, *logits in row_specs:
+    kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned, *logits)
     found = sass_budget.compile_report(kernel, with_row_loops=True)
-    if aligned and ids == "i64" and "row_loops" in found:
+    if aligned and ids == "i64" and not logits and "row_loops" in found:
         found["budget"] = sass_budget.budget(prob, draft, kernel, "block")
     out["row"].append(found)
 for spec in scan_specs:
@@ -81,7 +85,7 @@ def test_no_spills(compiled):
 
 def test_row_loops_use_16_byte_loads(compiled):
     for spec, res in zip(ROW_SPECS, compiled["row"]):
-        prob, draft, aligned, _ = spec
+        prob, draft, aligned = spec[:3]
         if "row_loops" not in res:
             continue
         # Draft given: the p loop (ended rows) and the residual loop; None: the p loop and the

@@ -199,10 +199,10 @@ def test_nothing_compiles_after_warm_up(first, path, verification, logits):
     # Token: the main kernel with and without draft_probs, and the combine kernel. Block: the row
     # pass and the scan kernel, each with and without draft_probs. From logits, token: the row
     # statistics kernel, the main kernel reading logits with drafts from probabilities, from
-    # logits and neither, and the combine kernel; block: its kernels on the processed rows. Tree:
-    # its one kernel, with and without draft_probs.
+    # logits and neither, and the combine kernel; block: the statistics kernel, and the row pass
+    # and the scan for each source of drafts. Tree: its one kernel, with and without draft_probs.
     expected = {("token", "probs"): 3, ("block", "probs"): 4, ("token", "logits"): 5,
-                ("tree", "probs"): 2}
+                ("block", "logits"): 7, ("tree", "probs"): 2}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result
@@ -249,7 +249,8 @@ for verification in ("token", "block"):
 
 def logits_variant(dtype=torch.float32, source="probs", draft_dtype=torch.float32,
                    temperature=torch.float32, top_k=torch.int64, top_p=torch.float32,
-                   min_p=torch.float32, n=N, vocab=V, shift_target=False, row_stride=0):
+                   min_p=torch.float32, n=N, vocab=V, shift_target=False, row_stride=0,
+                   verification="token"):
     # Rows of vocab + row_stride elements (16-byte multiples or not), the first one shifted or not.
     target = torch.randn(2, n + 1, vocab + 1 + row_stride, dtype=dtype)
     target = target[:, :, 1:vocab + 1] if shift_target else target[:, :, :vocab]
@@ -259,15 +260,16 @@ def logits_variant(dtype=torch.float32, source="probs", draft_dtype=torch.float3
         draft if source == "probs" else None, torch.zeros(2, n, dtype=torch.int64), target,
         temperature=per_request(0.7, temperature), top_k=per_request(5, top_k),
         top_p=per_request(0.9, top_p), min_p=per_request(0.01, min_p),
-        draft_logits=draft if source == "logits" else None, seed=1)
+        draft_logits=draft if source == "logits" else None, seed=1, verification=verification)
 
 
-for changes in ({}, dict(dtype=torch.bfloat16), dict(dtype=torch.float16),
-                dict(source="logits"), dict(source=None), dict(draft_dtype=torch.bfloat16),
-                dict(temperature=torch.float64), dict(top_k=torch.int32),
-                dict(top_p=torch.float64), dict(min_p=torch.float64), dict(n=7),
-                dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1)):
-    logits_variant(**changes)
+for verification in ("token", "block"):
+    for changes in ({}, dict(dtype=torch.bfloat16), dict(dtype=torch.float16),
+                    dict(source="logits"), dict(source=None), dict(draft_dtype=torch.bfloat16),
+                    dict(temperature=torch.float64), dict(top_k=torch.int32),
+                    dict(top_p=torch.float64), dict(min_p=torch.float64), dict(n=7),
+                    dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1)):
+        logits_variant(verification=verification, **changes)
 
 
 def tree_variant(dtype=torch.float32, ids=torch.int64, parents=torch.int64, draft=True, m=N,
@@ -296,7 +298,7 @@ def test_every_launch_uses_the_kernel_tritons_binder_picks():
     """The launchers' cache keys name every argument property Triton specialises on: a field
     dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
     result = run_standin(KEY_SCRIPT)
-    assert result["launches"] >= 2 * 11 + 10 + 2 * 14 + 10, result
+    assert result["launches"] >= 2 * 11 + 10 + 4 * 14 + 10, result
     assert all(result["same"]), result
 
 

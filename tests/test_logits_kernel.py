@@ -11,8 +11,16 @@ import pytest
 import torch
 from inputs import DEVICE, seeds  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
 
+from specops.chain.block.launch import block_speculative_sampling_from_logits_triton
+from specops.chain.block.reference import block_speculative_sampling_from_logits_reference
 from specops.chain.token.launch import chain_speculative_sampling_from_logits_triton
 from specops.chain.token.reference import chain_speculative_sampling_from_logits_reference
+
+# verification -> (reference, fused Triton path)
+PATHS = {"token": (chain_speculative_sampling_from_logits_reference,
+                   chain_speculative_sampling_from_logits_triton),
+         "block": (block_speculative_sampling_from_logits_reference,
+                   block_speculative_sampling_from_logits_triton)}
 
 
 def logits_inputs(batch, num_draft, vocab, dtype, seed):
@@ -40,11 +48,10 @@ def parameters(batch, sampling):
     return t, k, p, m
 
 
-def run_both(draft_mode, target, draft, ids, params, seed, offset):
+def run_both(draft_mode, target, draft, ids, params, seed, offset, verification="token"):
     batch = ids.shape[0]
     results = []
-    for fn in (chain_speculative_sampling_from_logits_reference,
-               chain_speculative_sampling_from_logits_triton):
+    for fn in PATHS[verification]:
         acc = torch.arange(batch, dtype=torch.int32, device=DEVICE)
         emit = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
         draft_probs = torch.softmax(draft.float(), -1) if draft_mode == "probs" else None
@@ -54,18 +61,26 @@ def run_both(draft_mode, target, draft, ids, params, seed, offset):
     return results
 
 
-@pytest.mark.parametrize("draft_mode", ["probs", "logits", None])
-@pytest.mark.parametrize("batch, num_draft, vocab, dtype, sampling", [
+SHAPES = [
     (6, 3, 300, torch.float32, True),  # every parameter mix, greedy rows among them
     (6, 2, 257, torch.bfloat16, True),
     (3, 2, 1100, torch.float16, False),  # two chunks: temperature only (and greedy)
-])
+]
+# Token verification on every shape and source of drafts; block verification (slower under the
+# interpreter) on every source of drafts of the first shape and one of each other shape.
+CASES = ([("token", mode, *shape) for shape in SHAPES for mode in ("probs", "logits", None)]
+         + [("block", mode, *SHAPES[0]) for mode in ("probs", "logits", None)]
+         + [("block", "logits", *SHAPES[1]), ("block", None, *SHAPES[2])])
+
+
+@pytest.mark.parametrize("verification, draft_mode, batch, num_draft, vocab, dtype, sampling",
+                         CASES)
 def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab, dtype,
-                                             sampling):
+                                             sampling, verification):
     target, draft, ids = logits_inputs(batch, num_draft, vocab, dtype, seed=vocab + batch)
     seed, offset = seeds(batch, True, offset_per_request=True)
     (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
-        draft_mode, target, draft, ids, parameters(batch, sampling), seed, offset)
+        draft_mode, target, draft, ids, parameters(batch, sampling), seed, offset, verification)
     assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
 
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
 from ...core.philox import philox_uniform, split_int64
+from ...core.probs_triton import ABSENT
 from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
-                                 race_token, sanitize, store_race_partial, winning_token)
+                                 race_token, store_race_partial, winning_token)
 from ...core.sums_triton import BIN_LANES, add_masses, to_float
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
@@ -33,19 +35,24 @@ MASS_BLOCK = tl.constexpr(32)  # chunks the scan sums at once, for each of its r
 
 
 @triton.jit
-def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab, stride_tb, stride_tn,
-                 stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, i,
+                 num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+                 stride_in, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr,
+                 DRAFT_LOGITS: tl.constexpr):
     """(w_{i+1}, whether d_0..d_i are all valid) from (w_i, whether d_0..d_{i-1} are):
-    w_{i+1} = min(1, w_i p_i[d_i] / q_i[d_i]) in float64, 0 once the draft has ended."""
+    w_{i+1} = min(1, w_i p_i[d_i] / q_i[d_i]) in float64, 0 once the draft has ended. With LOGITS
+    (DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
     d = tl.load(ids_ptr + b * stride_ib + i * stride_in).to(tl.int64)
     valid = (d >= 0) & (d < vocab)
     running = running & valid
     d_safe = tl.where(valid, d, 0)
-    p = sanitize(tl.load(target_ptr + b * stride_tb + i * stride_tn + d_safe, mask=valid,
-                         other=0.0)).to(tl.float64)
+    p = probabilities_at(
+        tl.load(target_ptr + b * stride_tb + i * stride_tn + d_safe, mask=valid, other=ABSENT),
+        target_stats + (b * (num_draft + 1) + i) * STATS, d, valid, LOGITS).to(tl.float64)
     if HAS_DRAFT:
-        q = sanitize(tl.load(draft_ptr + b * stride_db + i * stride_dn + d_safe, mask=valid,
-                             other=0.0)).to(tl.float64)
+        q = probabilities_at(
+            tl.load(draft_ptr + b * stride_db + i * stride_dn + d_safe, mask=valid, other=ABSENT),
+            draft_stats + (b * num_draft + i) * STATS, d, valid, DRAFT_LOGITS).to(tl.float64)
     else:
         q = tl.full([], 1.0, tl.float64)
     num = w * p
@@ -54,26 +61,30 @@ def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab, stride
 
 
 @triton.jit
-def _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn, stride_db,
-            stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+def _weight(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t, num_draft, vocab,
+            stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+            HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """w_t over d_0..d_{t-1} (0 past the draft's end), and whether d_0..d_{t-1} are all valid."""
     w = tl.full([], 1.0, tl.float64)
     running = t >= 0
     for i in range(0, t):
-        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab,
-                                  stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-                                  stride_in, HAS_DRAFT)
+        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats,
+                                  draft_stats, b, i, num_draft, vocab, stride_tb, stride_tn,
+                                  stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, LOGITS,
+                                  DRAFT_LOGITS)
     return w, running
 
 
 @triton.jit
-def _candidate_row(target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, stride_tb, stride_tn,
-                   stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr):
+def _candidate_row(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t, num_draft,
+                   vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+                   HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """What R_t is formed from: (w_t in float64, the float32 weight of p_t, whether q_t is read,
     the token removed from p_t with one-hot drafts or -1). The draft runs at t when d_t is valid
     after valid d_0..d_{t-1}; elsewhere R_t = p_t."""
-    w, running = _weight(target_ptr, draft_ptr, ids_ptr, b, t, vocab, stride_tb, stride_tn,
-                         stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT)
+    w, running = _weight(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t,
+                         num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+                         stride_in, HAS_DRAFT, LOGITS, DRAFT_LOGITS)
     is_draft = t < num_draft
     d_t = tl.load(ids_ptr + b * stride_ib + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
     running = running & is_draft & (d_t >= 0) & (d_t < vocab)
@@ -87,8 +98,9 @@ def _candidate_row(target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, strid
 
 @triton.jit
 def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0,
-           stream, off_lo, off_hi, key_lo, key_hi, masses_row, HAS_DRAFT: tl.constexpr,
-           GROUP: tl.constexpr, CHUNK: tl.constexpr):
+           stream, off_lo, off_hi, key_lo, key_hi, masses_row, p_stats, q_stats,
+           HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+           LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Over chunks [k_begin, k_end), in groups of GROUP chunks: the masses of R_t's chunks (stored
     at masses_row[k]) and the best (key, chunk) of the R_t race and of the p_t race; masses first,
     then the group's race uniforms and keys as vectors. ``scaled``: w_row < 1 with draft None, the
@@ -101,7 +113,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
     if not HAS_DRAFT:
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
-                                               removed, False, CHUNK), axis=0)
+                                               removed, False, CHUNK, LOGITS, p_stats), axis=0)
     res_key = tl.zeros([], tl.float64) + float("inf")
     res_chunk = tl.zeros([], tl.int64)
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -111,13 +123,15 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
         if read_q:
             res_masses, p_masses = masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP,
-                                                   CHUNK)
+                                                   CHUNK, LOGITS, p_stats, DRAFT_LOGITS, q_stats)
         elif scaled:
-            res_masses = masses_p(row_p, w_row, first, count, vocab, True, GROUP, CHUNK)
+            res_masses = masses_p(row_p, w_row, first, count, vocab, True, GROUP, CHUNK, LOGITS,
+                                  p_stats)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, res_masses)
             p_masses = res_masses
         else:
-            p_masses = masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK)
+            p_masses = masses_p(row_p, w_row, first, count, vocab, False, GROUP, CHUNK, LOGITS,
+                                p_stats)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         tl.store(masses_row + (first + slot), res_masses, mask=slot < count)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
@@ -128,27 +142,63 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
     return res_key, res_chunk, p_key, p_chunk
 
 
+@triton.jit
+def _greedy_races(row_q, token, k_begin, k_end, w_row, read_q, scaled, removed, race_slot0, stream,
+                  off_lo, off_hi, key_lo, key_hi, masses_row, q_stats, HAS_DRAFT: tl.constexpr,
+                  GROUP: tl.constexpr, CHUNK: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+    """``_races`` for a greedy p_t, one-hot at ``token``, without reading the row: R_t and p_t
+    have their one value there (chunk_values' value at that token), so every chunk's mass is that
+    value or 0, and the races are run on those masses exactly as on read ones."""
+    if HAS_DRAFT:
+        q = probabilities_at(tl.load(row_q + token, mask=read_q, other=ABSENT), q_stats, token,
+                             read_q, DRAFT_LOGITS)
+        value = tl.maximum(w_row * 1.0 - tl.where(read_q, q, 0.0), 0.0)
+    else:
+        value = tl.where(token == removed, 0.0, w_row * 1.0)
+    p_value = tl.where(scaled, value, 1.0)  # scaled: the p_t race runs on R_t's masses
+    res_key = tl.zeros([], tl.float64) + float("inf")
+    res_chunk = tl.zeros([], tl.int64)
+    p_key = tl.zeros([], tl.float64) + float("inf")
+    p_chunk = tl.zeros([], tl.int64)
+    slot = tl.arange(0, GROUP)
+    for first in range(k_begin, k_end, GROUP):
+        count = tl.minimum(k_end - first, GROUP).to(tl.int32)
+        here = slot == token // CHUNK - first
+        res_masses = tl.where(here, value, 0.0)
+        tl.store(masses_row + (first + slot), res_masses, mask=slot < count)
+        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
+        neg_log_u = -tl.log(u.to(tl.float64))
+        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
+                                       GROUP)
+        p_key, p_chunk = keep_best(p_key, p_chunk, tl.where(here, p_value, 0.0), first, count,
+                                   neg_log_u, GROUP)
+    return res_key, res_chunk, p_key, p_chunk
+
+
 @triton.jit(
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "partials_ptr", "masses_ptr",
-                       "num_draft",
+                       "target_stats_ptr", "draft_stats_ptr", "num_draft",
                        "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
                        "offset_stride", "seed_per_request", "cdf_slot", "race_slot0"],
 )
 def block_row_pass_kernel(
-    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
-    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
+    target_ptr,  # (B, N+1, V) target probabilities (LOGITS: logits), vocabulary stride 1
+    draft_ptr,  # (B, N, V) draft probabilities (DRAFT_LOGITS: logits), vocabulary stride 1
     ids_ptr,  # (B, N) draft token ids
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
     partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64
     masses_ptr,  # (B (N + 1), K) float32
+    target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
+    draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     num_draft, vocab, chunks_per_program,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     seed_stride, offset_stride, seed_per_request,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits.py)
 ):
     # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
     b = tl.program_id(0).to(tl.int64)
@@ -161,30 +211,48 @@ def block_row_pass_kernel(
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
     w, w_row, read_q, removed = _candidate_row(
-        target_ptr, draft_ptr, ids_ptr, b, t, num_draft, vocab, stride_tb, stride_tn, stride_db,
-        stride_dn, stride_ib, stride_in, HAS_DRAFT)
+        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, t, num_draft,
+        vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT,
+        LOGITS, DRAFT_LOGITS)
     scaled = (removed >= 0) & (w_row != 1.0)
     row_p = target_ptr + b * stride_tb + t * stride_tn
     row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
     k_begin = split.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
     row = b * (num_draft + 1) + t
-    res_key, res_chunk, p_key, p_chunk = _races(
-        row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0, stream,
-        off_lo, off_hi, key_lo, key_hi, masses_ptr + row * tl.cdiv(vocab, CHUNK), HAS_DRAFT,
-        GROUP, CHUNK)
-    u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
-    token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed,
-                       u_cdf, HAS_DRAFT, CHUNK)
+    masses_row = masses_ptr + row * tl.cdiv(vocab, CHUNK)
+    p_stats = target_stats_ptr + row * STATS
+    q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(t, num_draft - 1)) * STATS
+    greedy = False
+    greedy_token = tl.zeros([], tl.int64)
+    if LOGITS:
+        mode, peak, coef, theta, scale, greedy_token = load_stats(p_stats)
+        greedy = mode == GREEDY
+    if greedy:  # p_t one-hot: its races from its one value, its token that one
+        res_key, res_chunk, p_key, p_chunk = _greedy_races(
+            row_q, greedy_token, k_begin, k_end, w_row, read_q, scaled, removed, race_slot0,
+            stream, off_lo, off_hi, key_lo, key_hi, masses_row, q_stats, HAS_DRAFT, GROUP, CHUNK,
+            DRAFT_LOGITS)
+        token = greedy_token.to(tl.int32)
+    else:
+        res_key, res_chunk, p_key, p_chunk = _races(
+            row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, race_slot0,
+            stream, off_lo, off_hi, key_lo, key_hi, masses_row, p_stats, q_stats, HAS_DRAFT,
+            GROUP, CHUNK, LOGITS, DRAFT_LOGITS)
+        u_cdf = philox_uniform(cdf_slot, stream, off_lo, off_hi, key_lo, key_hi)
+        token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q,
+                           removed, u_cdf, HAS_DRAFT, CHUNK, LOGITS, p_stats, DRAFT_LOGITS,
+                           q_stats)
     # The partial result, for the scan to combine over the S programs of the row.
     store_race_partial(partials_ptr + (row * splits + split) * PARTIAL_FIELDS, res_key, p_key,
                        token)
 
 
 @triton.jit
-def _drafts(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
-            stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
-            HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
+            stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
+            off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+            LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Lanes t = 0..N of request b: the draft ids d (-1 past N), whether the draft has ended at t,
     and the alignment counter (token verification's coin at every position, judged alone)."""
     t = tl.arange(0, BLOCK_N)
@@ -194,11 +262,13 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stri
     valid = is_draft & (d >= 0) & (d < vocab)
     length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
     d_safe = tl.where(valid, d, 0)
-    p_d = sanitize(tl.load(target_ptr + b * stride_tb + t64 * stride_tn + d_safe, mask=valid,
-                           other=0.0))
+    p_d = probabilities_at(
+        tl.load(target_ptr + b * stride_tb + t64 * stride_tn + d_safe, mask=valid, other=ABSENT),
+        target_stats + (b * (num_draft + 1) + t64) * STATS, d, valid, LOGITS)
     if HAS_DRAFT:
-        q_d = sanitize(tl.load(draft_ptr + b * stride_db + t64 * stride_dn + d_safe, mask=valid,
-                               other=0.0))
+        q_d = probabilities_at(
+            tl.load(draft_ptr + b * stride_db + t64 * stride_dn + d_safe, mask=valid, other=ABSENT),
+            draft_stats + (b * num_draft + t64) * STATS, d, valid, DRAFT_LOGITS)
     else:
         q_d = tl.full([BLOCK_N], 1.0, tl.float32)
     coins = philox_uniform(t, stream, off_lo, off_hi, key_lo, key_hi)
@@ -207,18 +277,20 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stri
 
 
 @triton.jit
-def _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
-             stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT: tl.constexpr,
-             BLOCK_N: tl.constexpr):
+def _weights(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
+             stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+             HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, LOGITS: tl.constexpr,
+             DRAFT_LOGITS: tl.constexpr):
     """w_t for t = 0..N as lanes: the row pass's _weight for every t, by the same steps."""
     t = tl.arange(0, BLOCK_N)
     weights = tl.where(t == 0, 1.0, 0.0).to(tl.float64)
     w = tl.full([], 1.0, tl.float64)
     running = num_draft >= 0
     for i in range(0, num_draft):
-        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, b, i, vocab,
-                                  stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-                                  stride_in, HAS_DRAFT)
+        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats,
+                                  draft_stats, b, i, num_draft, vocab, stride_tb, stride_tn,
+                                  stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, LOGITS,
+                                  DRAFT_LOGITS)
         weights = tl.where(t == i + 1, w, weights)
     return weights
 
@@ -256,9 +328,10 @@ def _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_
 
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
-                       "out_ptr", "partials_ptr", "masses_ptr", "num_draft", "splits", "stride_ib", "stride_in", "stride_acc",
-                       "stride_emit", "seed_stride", "offset_stride", "seed_per_request",
-                       "stop_slot0"],
+                       "out_ptr", "partials_ptr", "masses_ptr", "target_stats_ptr",
+                       "draft_stats_ptr", "num_draft", "splits", "stride_ib", "stride_in",
+                       "stride_acc", "stride_emit", "seed_stride", "offset_stride",
+                       "seed_per_request", "stop_slot0"],
 )
 def block_scan_kernel(
     target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
@@ -271,11 +344,14 @@ def block_scan_kernel(
     out_ptr,  # (B, N+1) int32 contiguous
     partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64, written by the row pass
     masses_ptr,  # (B (N + 1), K) float32, written by the row pass
+    target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
+    draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     num_draft, vocab, splits,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
     stop_slot0,  # eta_t's Philox slot is stop_slot0 + t (slots.py); coin j's is j
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,
 ):
     """tau from the row pass's masses, the token at tau, the output row and the counters."""
     b = tl.program_id(0).to(tl.int64)
@@ -285,11 +361,12 @@ def block_scan_kernel(
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
     d, ended, num_accepted = _drafts(
-        target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn, stride_db,
-        stride_dn, stride_ib, stride_in, stream, off_lo, off_hi, key_lo, key_hi, HAS_DRAFT,
-        BLOCK_N)
-    w = _weights(target_ptr, draft_ptr, ids_ptr, b, num_draft, vocab, stride_tb, stride_tn,
-                 stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N)
+        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
+        key_lo, key_hi, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+    w = _weights(target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft,
+                 vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+                 HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     row_mass = _row_masses(masses_ptr, b, num_draft, tl.cdiv(vocab, CHUNK), BLOCK_N)
     tau = _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
                BLOCK_N)

@@ -8,8 +8,8 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.logits_launch import on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
-from ..from_logits import on_processed_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
@@ -34,12 +34,16 @@ def block_speculative_sampling_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     num_splits: int | None = None,
+    target_stats: torch.Tensor | None = None,
+    draft_stats: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.block_speculative_sampling_reference``.
 
     ``num_splits`` overrides the programs per row (tests use it to show the output does not depend
-    on it). No host synchronisation; two launches; every tensor it allocates is private to the
-    call (safe on concurrent streams and in CUDA graphs).
+    on it). With ``target_stats`` (and ``draft_stats``), target_probs (and draft_probs) hold
+    logits, read through those rows' statistics (core/logits_launch.py). No host
+    synchronisation; two launches; every tensor it allocates is private to the call (safe on
+    concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
@@ -60,16 +64,21 @@ def block_speculative_sampling_triton(
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
     per_request = int(seed.numel() != 1)
-    row_constexprs = (has_draft, GROUP, CHUNK_SIZE)  # HAS_DRAFT, GROUP, CHUNK
+    logits, draft_logits = target_stats is not None, draft_stats is not None
+    no_stats = placeholder(out.device, torch.float64)
+    target_stats = no_stats if target_stats is None else target_stats
+    draft_stats = no_stats if draft_stats is None else draft_stats
+    row_constexprs = (has_draft, GROUP, CHUNK_SIZE, logits, draft_logits)
+    # HAS_DRAFT, GROUP, CHUNK, LOGITS, DRAFT_LOGITS
     row_args = [target_probs, draft, draft_token_ids, seed, offset,
                 placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
-                num_draft, vocab, 0,
+                target_stats, draft_stats, num_draft, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
                 offset_stride, per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)]
-    # What Triton specialises both kernels on beyond the checks (seed and offset int64,
-    # draft_probs of target_probs' dtype): the other pointers' dtypes, the row arguments' 16-byte
-    # alignment, and whether the unspecialised integers fit in 32 bits.
-    key = (target_probs.dtype, draft_token_ids.dtype,
+    # What Triton specialises both kernels on beyond the checks (seed and offset int64): the other
+    # pointers' dtypes, the row arguments' 16-byte alignment, and whether the unspecialised
+    # integers fit in 32 bits.
+    key = (target_probs.dtype, draft.dtype, draft_token_ids.dtype,
            alignment((target_probs.data_ptr(), draft.data_ptr()),
                      (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
            max(stride_ib, stride_in, seed_stride, offset_stride, accepted_num.stride(0),
@@ -85,20 +94,23 @@ def block_speculative_sampling_triton(
     # layouts), for the scan.
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
     masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
-    row_args[5], row_args[6], row_args[9] = partials, masses, per_program
+    row_args[5], row_args[6], row_args[11] = partials, masses, per_program
     direct = direct_launch(ROW_PASS, SCAN)
     ROW_PASS.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
     scan_args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-                 partials, masses, num_draft, vocab, splits, stride_tb, stride_tn, stride_db, stride_dn,
-                 stride_ib, stride_in, accepted_num.stride(0), emitted_num.stride(0), seed_stride,
-                 offset_stride, per_request, slots.stop_slot(num_draft, 0))
-    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel), CHUNK
-    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS, CHUNK_SIZE)
+                 partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
+                 stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
+                 emitted_num.stride(0), seed_stride, offset_stride, per_request,
+                 slots.stop_slot(num_draft, 0))
+    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel), CHUNK, LOGITS,
+    # DRAFT_LOGITS
+    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS, CHUNK_SIZE, logits,
+                       draft_logits)
     scan_key = (scan_constexprs, key, accepted_num.dtype, emitted_num.dtype)
     scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
     SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)
     return out
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
-block_speculative_sampling_from_logits_triton = on_processed_rows(block_speculative_sampling_triton)
+# Verification from logits: every row's statistics, then the kernels above reading the logits.
+block_speculative_sampling_from_logits_triton = on_row_statistics(block_speculative_sampling_triton)

@@ -10,7 +10,7 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
-from ...core.logits_launch import row_statistics
+from ...core.logits_launch import on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
@@ -137,21 +137,5 @@ def chain_speculative_sampling_triton(
     return out
 
 
-def chain_speculative_sampling_from_logits_triton(
-    draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num, seed,
-    offset, temperature, top_k, top_p, min_p, programs: int | None = None,
-) -> torch.Tensor:
-    """Same contract as ``reference.chain_speculative_sampling_from_logits_reference``: every row's
-    statistics first (core/logits_launch.py), then the verification kernels reading the logits
-    through them; no processed probabilities are written."""
-    parameters = (temperature, top_k, top_p, min_p)
-    target_logits = target_logits if target_logits.stride(2) == 1 else target_logits.contiguous()
-    target_stats = row_statistics(target_logits, *parameters)
-    draft_stats = None
-    if draft_logits is not None:
-        draft_logits = draft_logits if draft_logits.stride(2) == 1 else draft_logits.contiguous()
-        draft_stats = row_statistics(draft_logits, *parameters)
-        draft_probs = draft_logits
-    return chain_speculative_sampling_triton(draft_probs, draft_token_ids, target_logits,
-                                             accepted_num, emitted_num, seed, offset, programs,
-                                             target_stats=target_stats, draft_stats=draft_stats)
+# Verification from logits: every row's statistics, then the kernels above reading the logits.
+chain_speculative_sampling_from_logits_triton = on_row_statistics(chain_speculative_sampling_triton)
