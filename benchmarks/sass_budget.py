@@ -80,6 +80,7 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
     logits through their rows' statistics; ``draft_logits``: the draft's too)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
     from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS
+    from specops.core.logits_launch import FROM_LOGITS_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
@@ -88,7 +89,7 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK,
                   "LOGITS": logits, "DRAFT_LOGITS": draft_logits}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
-                              LAUNCH_OPTIONS)
+                              FROM_LOGITS_OPTIONS if logits else LAUNCH_OPTIONS)
 
 
 def compile_combine():
@@ -105,13 +106,15 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
     ``draft_logits``: as for compile_main)."""
     from specops.chain.block.kernel import block_row_pass_kernel
     from specops.chain.block.launch import GROUP, LAUNCH_OPTIONS
+    from specops.core.logits_launch import FROM_LOGITS_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
              "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK, "LOGITS": logits,
                   "DRAFT_LOGITS": draft_logits}
-    return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned, LAUNCH_OPTIONS)
+    return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned,
+                              FROM_LOGITS_OPTIONS if logits else LAUNCH_OPTIONS)
 
 
 def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
@@ -192,14 +195,14 @@ def source_lines(fn) -> set[tuple[str, int]]:
 def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
     """Loop name -> the source lines that mark it, for each row loop (both samplers' row passes
     share them, in specops/core/race_triton.py). masses_p compiles to two loops where its SCALED
-    is used both ways (the block row pass), told apart by its weighting line."""
-    from specops.core.race_triton import masses_p, masses_residual
+    is used both ways (the block row pass), told apart by its chunk step's weighting line."""
+    from specops.core.race_triton import _p_values, masses_p, masses_residual
 
-    p_lines = source_lines(masses_p)
-    source = inspect.getsourcefile(masses_p.fn)
-    weighting = {(path, line) for path, line in p_lines
+    source = inspect.getsourcefile(_p_values.fn)
+    weighting = {(path, line) for path, line in source_lines(_p_values)
                  if linecache.getline(source, line).strip() == "p = w_row * p"}
-    assert len(weighting) == 1, "masses_p's weighting line not found"
+    assert len(weighting) == 1, "the weighting line of masses_p's chunk step not found"
+    p_lines = source_lines(masses_p)
     return {"p": [p_lines], "residual": [source_lines(masses_residual)],
             "scaled": [p_lines, weighting]}
 
@@ -231,7 +234,8 @@ def compile_report(kernel, with_row_loops: bool = False) -> dict:
     """What the compile tests check of a compiled kernel: local memory in the PTX, its resources,
     spill instructions and, ``with_row_loops``, each row loop's 16-byte and other global loads.
     Without the CUDA tools beside Triton only the PTX check is made."""
-    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"]))}
+    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"])),
+             "num_warps": kernel.metadata.num_warps}
     try:
         found["resources"] = resources(kernel.asm["cubin"])
         rows = disassemble(kernel.asm["cubin"])
@@ -254,15 +258,8 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: s
            ) -> list[dict]:
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
-    if sampler == "chain":
-        from specops.chain.token.launch import LAUNCH_OPTIONS
-    elif sampler == "block":
-        from specops.chain.block.launch import LAUNCH_OPTIONS
-    else:
-        from specops.tree.launch import LAUNCH_OPTIONS
-    num_warps = LAUNCH_OPTIONS["num_warps"]
-
     kernel = kernel or COMPILERS[sampler](prob, draft)
+    num_warps = kernel.metadata.num_warps
     elem = PROB_DTYPES[prob]
     out = []
     for name, loop in sorted(row_loops(kernel).items()):

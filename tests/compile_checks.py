@@ -40,9 +40,10 @@ def assert_no_spills(report: dict, context) -> None:
 
 
 def assert_16_byte_row_loads(report: dict, prob: str, context) -> None:
-    """1024 values over 128 threads: 8 per thread = 2 (fp32) or 1 (fp16/bf16) 16-byte loads per
-    row per chunk in every row loop, and no narrower load (the residual loop reads two rows)."""
-    per_row = 2 if prob == "fp32" else 1
+    """1024 values over the program's threads (128 at 4 warps: 8 a thread, 2 fp32 or 1 fp16/bf16
+    16-byte loads per row per chunk) in every row loop, and no narrower load (the residual loop
+    reads two rows)."""
+    per_row = 1024 * (4 if prob == "fp32" else 2) // 16 // (32 * report["num_warps"])
     for name, loop in report["row_loops"].items():
         rows = 2 if name == "residual" else 1
         assert loop["loads16"] == per_row * rows and loop["other_loads"] == 0, (context, name, loop)

@@ -219,8 +219,8 @@ from specops.tree import launch as tree
 
 N, V = 3, 2048
 launched = []
-for kernel in (token.MAIN, token.COMBINE, block.ROW_PASS, block.SCAN, logits_launch.STATISTICS,
-               tree.KERNEL):
+for kernel in (token.MAIN, token.MAIN_FROM_LOGITS, token.COMBINE, block.ROW_PASS,
+               block.ROW_PASS_FROM_LOGITS, block.SCAN, logits_launch.STATISTICS, tree.KERNEL):
     real = kernel.launch
     def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
         launched.append((kernel, compiled, args, constexprs))

@@ -86,10 +86,11 @@ def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
-    """Each row's statistics against core/logits.py directly: the tokens kept (theta <= x <= m)
-    are those the rule keeps, r is 1 / W of the rule's kept mass (to float32 rounding), a greedy
-    row's index is its argmax, and rows without mass are marked so: a threshold one step off fails
-    it even where the tokens sampled with one seed do not change."""
+    """Each row's statistics against core/logits.py directly: the tokens kept (the unsigned bits
+    of m - x below the limit L) are those the rule keeps, and no token of a greedy row or a row
+    without mass; r is 1 / W of the rule's kept mass (to float32 rounding), a greedy row's index
+    is its argmax, and rows without mass are marked so: a threshold one step off fails it even
+    where the tokens sampled with one seed do not change."""
     from specops.core import logits as rule
     from specops.core.logits_launch import row_statistics
 
@@ -98,16 +99,22 @@ def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
     logits = (torch.randn(batch, positions, vocab, generator=g) * 3).round(decimals=1).to(dtype)
     logits[1, 0, 7] = torch.nan  # a NaN logit is never kept
     logits[2, 1] = -torch.inf  # a row without a finite logit has no mass
+    # A row whose largest logits are -0 and +0 (both kept, weight 1), beside +inf and -inf
+    # (never kept).
+    logits[3, 1] = -logits[3, 1].abs() - 0.5
+    logits[3, 1, [4, 9, 12, 13]] = torch.tensor([-0.0, 0.0, torch.inf, -torch.inf], dtype=dtype)
     t, k, p, m = parameters(batch, True)
     stats = row_statistics(logits.to(DEVICE), t, k, p, m).cpu()
-    mode, peak, coef, theta, scale, index = stats.unbind(-1)
+    mode, peak, coef, limit, scale, index = stats.unbind(-1)
     rows = logits.reshape(-1, vocab).float()
     each = lambda v: v.cpu().repeat_interleave(positions)
     expected = rule.processed_rows(rows, each(t), each(k), each(p), each(m))
     valid, e = rule.weights(rows, each(t))
     sampled = (each(t) > 0) & valid.any(-1)
-    kept = (rows >= theta[:, None].float()) & (rows <= peak[:, None].float())
+    bits = (peak[:, None].float() - rows).view(torch.int32).long() & 0xFFFFFFFF  # unsigned
+    kept = bits < limit[:, None].long()
     assert torch.equal(kept[sampled], expected[sampled] > 0)
+    assert not kept[~sampled].any()
     mass = rule.kept_mass(e, expected > 0)
     # The kernel's float32 chunk sums add in its own order: r agrees to float32 rounding.
     torch.testing.assert_close(scale[sampled], 1.0 / mass[sampled], rtol=1e-6, atol=0)

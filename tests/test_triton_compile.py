@@ -64,8 +64,7 @@ for s in json.loads(sys.argv[1]):
     kernel = sass_budget.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
                                       s["block_n"], s["aligned"], s["logits"], s["draft_logits"])
     found = sass_budget.compile_report(kernel, with_row_loops=True)
-    if (s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and not s["logits"]
-            and "row_loops" in found):
+    if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and "row_loops" in found:
         found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
     results.append(found)
 if len(sys.argv) > 2:
@@ -117,8 +116,8 @@ def test_row_loops_use_16_byte_loads(compiled):
 
 
 def test_issue_bound_beats_the_goal(compiled):
-    """The row loops on probabilities (the loops reading logits are printed by
-    benchmarks/sass_budget.py, not held to the goal: docs/performance.md)."""
-    # 3 dtypes x (draft: p only, residual read; None: p only)
+    """The row loops reading probabilities and those reading logits."""
+    # 3 dtypes x (draft: p only, residual read; None: p only), and reading logits 3 dtypes x
+    # (draft probabilities: p, residual; draft logits: p, residual; None: p)
     assert_issue_bounds([row for s, res in specialisations(compiled)
-                         for row in res.get("budget", [])], 9)
+                         for row in res.get("budget", [])], 9 + 15)

@@ -13,6 +13,10 @@ STATS_FIELDS = 6  # logits_triton.STATS
 # How the kernel is built: as the samplers' kernels (no multiply-add contraction).
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 STATISTICS = TritonKernel(row_statistics_kernel, **LAUNCH_OPTIONS)
+# How the samplers build the kernels that read logits: a row loop then does about twice the work
+# per value (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each
+# chunk's reduction among twice the values (docs/kernel.md, the instruction budget).
+FROM_LOGITS_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 2}
 
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

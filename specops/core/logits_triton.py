@@ -2,11 +2,15 @@
 reads its processed probabilities straight from the logits, without writing them.
 
 A row's statistics (float64, STATS fields, ``row_statistics_kernel``): its mode (NO_MASS,
-SAMPLED, GREEDY), its largest finite logit m, the exponent scale c = log2(e) / T, the least logit
-kept theta (every step's threshold is a threshold on the weight e, which grows with the logit), the
-scale r = 1 / W of the kept mass, and the first index of m (a greedy row's token). A sampled row's
-probability of logit x is then ``processed(x, ...)``: exp2((x - m) c) r where theta <= x <= m, else
-0; a greedy row's is 1 at its index.
+SAMPLED, GREEDY), its largest finite logit m, the exponent scale c = log2(e) / T, the keep limit L,
+the scale r = 1 / W of the kept mass, and the first index of m (a greedy row's token). A sampled row's
+probability of logit x is then ``processed(x, ...)``: with n = m - x (float32), exp2(n (-c)) r
+where n's float32 bits, read unsigned, are below L, else 0. L is one above the bits of
+m - theta, theta the least logit kept, so the test keeps exactly theta <= x <= m: n >= 0 and n <= m
+- theta (a logit below theta with the same n would have theta's weight, so the rule keeps none);
++inf, NaN and -inf logits give n = -inf (the sign bit), NaN and +inf, which it never keeps. A row
+that keeps nothing has L = 0. One compare and one select per value, where theta and m took two
+each.
 
 Each threshold is found as logits.py's: min-p directly; top-k as the largest weight t with at least
 k kept weights >= t, and top-p as the largest t with W(t) >= P W(0), each by bisection over the
@@ -18,15 +22,16 @@ import triton
 import triton.language as tl
 
 from . import logits
-from .probs_triton import sanitize
+from .probs_triton import sanitize, widen
 from .sums_triton import BIN_LANES, add_masses, to_float
 
 NO_MASS = tl.constexpr(0)
 SAMPLED = tl.constexpr(1)
 GREEDY = tl.constexpr(2)
-STATS = tl.constexpr(6)  # mode, m, c, theta, r, greedy index
+STATS = tl.constexpr(6)  # mode, m, c, L, r, greedy index
 LOG2E = tl.constexpr(logits.LOG2E)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
+INF_BITS = tl.constexpr(0x7F800000)  # +inf's: n = +inf (a -inf logit) is never kept
 
 
 @triton.jit
@@ -36,32 +41,34 @@ def weight(x, peak, coef):
 
 
 @triton.jit
-def processed(x, peak, coef, theta, scale):
-    """A sampled row's probabilities of logits x (float32): exp2((x - m) c) r where theta <= x
-    <= m (NaN and infinite logits fail one test or the other), else 0."""
-    keep = (x >= theta) & (x <= peak)
-    return tl.where(keep, weight(x, peak, coef) * scale, 0.0)
+def processed(x, peak, coef, limit, scale):
+    """A sampled row's probabilities of logits x (float32): exp2(n (-c)) r, n = m - x, where n's
+    bits are below the keep limit (module docstring), else 0. exp2(n (-c)) is exp2((x - m) c)
+    bit for bit: float32 subtraction and product round symmetrically."""
+    n = peak - x
+    keep = n.to(tl.uint32, bitcast=True) < limit
+    return tl.where(keep, tl.exp2(n * -coef) * scale, 0.0)
 
 
 @triton.jit
 def load_stats(stats, mask=True):
     """A row's statistics at ``stats`` (a pointer, or a vector of pointers, read where ``mask``):
-    (mode, m, c, theta, r, greedy index), in the types the kernels compute with."""
+    (mode, m, c, L, r, greedy index), in the types the kernels compute with."""
     mode = tl.load(stats, mask=mask, other=0.0).to(tl.int32)
     peak = tl.load(stats + 1, mask=mask, other=0.0).to(tl.float32)
     coef = tl.load(stats + 2, mask=mask, other=0.0).to(tl.float32)
-    theta = tl.load(stats + 3, mask=mask, other=0.0).to(tl.float32)
+    limit = tl.load(stats + 3, mask=mask, other=0.0).to(tl.uint32)
     scale = tl.load(stats + 4, mask=mask, other=0.0).to(tl.float32)
     index = tl.load(stats + 5, mask=mask, other=0.0).to(tl.int64)
-    return mode, peak, coef, theta, scale, index
+    return mode, peak, coef, limit, scale, index
 
 
 @triton.jit
-def row_values(raw, LOGITS: tl.constexpr, peak, coef, theta, scale):
+def row_values(raw, LOGITS: tl.constexpr, peak, coef, limit, scale):
     """A row's values as the rules read them: the sanitised probabilities, or (LOGITS) the
     probabilities a sampled row's statistics give its logits."""
     if LOGITS:
-        return processed(raw.to(tl.float32), peak, coef, theta, scale)
+        return processed(widen(raw), peak, coef, limit, scale)
     return sanitize(raw)
 
 
@@ -71,8 +78,8 @@ def probabilities_at(raw, stats, ids, mask, LOGITS: tl.constexpr):
     whose statistics are at ``stats`` (vectors alike, read where ``mask``): greedy rows one-hot at
     their index."""
     if LOGITS:
-        mode, peak, coef, theta, scale, index = load_stats(stats, mask)
-        sampled = processed(raw.to(tl.float32), peak, coef, theta, scale)
+        mode, peak, coef, limit, scale, index = load_stats(stats, mask)
+        sampled = processed(widen(raw), peak, coef, limit, scale)
         return tl.where(mode == GREEDY, (ids == index).to(tl.float32), sampled)
     return sanitize(raw)
 
@@ -183,6 +190,7 @@ def row_statistics_kernel(
     in_range = ((temperature >= 0) & (top_k >= 0) & (top_p > 0) & (top_p <= 1) & (min_p >= 0)
                 & (min_p <= 1))
     peak, index = _peak(logits_row, vocab, CHUNK)
+    peak = tl.where(peak == 0, 0.0, peak)  # +0 for -0: n = m - x is then never -0 (kept)
     coef = tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature)
     mode = tl.where(in_range & (peak > -float("inf")),
                     tl.where(temperature == 0, GREEDY, SAMPLED), NO_MASS)
@@ -199,11 +207,12 @@ def row_statistics_kernel(
             floor = _largest_floor_with_mass(logits_row, vocab, peak, coef, floor, goal, CHUNK)
         mass, theta = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
-    theta = tl.where(mode == SAMPLED, theta, float("inf"))  # processed() keeps nothing then
+    spread = (peak - theta).to(tl.uint32, bitcast=True).to(tl.int64)  # m - theta >= 0
+    limit = tl.where(mode == SAMPLED, tl.minimum(spread + 1, INF_BITS), 0)  # 0: keeps nothing
     out = stats_ptr + row * STATS
     tl.store(out, mode.to(tl.float64))
     tl.store(out + 1, peak.to(tl.float64))
     tl.store(out + 2, coef.to(tl.float64))
-    tl.store(out + 3, theta.to(tl.float64))
+    tl.store(out + 3, limit.to(tl.float64))
     tl.store(out + 4, scale.to(tl.float64))
     tl.store(out + 5, index.to(tl.float64))

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .logits_triton import load_stats, row_values
-from .probs_triton import ABSENT, sanitize
+from .probs_triton import ABSENT, sanitize, widen
 
 
 @triton.jit
@@ -41,36 +41,70 @@ def inverse_cdf(values, u, CHUNK: tl.constexpr):
 
 @triton.jit
 def _stats_or_none(stats, LOGITS: tl.constexpr):
-    """(m, c, theta, r) of a row whose values are logits; placeholders otherwise."""
+    """(m, c, L, r) of a row whose values are logits; placeholders otherwise."""
     if LOGITS:
-        mode, peak, coef, theta, scale, index = load_stats(stats)
-        return peak, coef, theta, scale
-    return 0.0, 0.0, 0.0, 0.0
+        mode, peak, coef, limit, scale, index = load_stats(stats)
+        return peak, coef, limit, scale
+    return 0.0, 0.0, tl.zeros([], tl.uint32), 0.0
+
+
+@triton.jit
+def _p_values(raw, w_row, SCALED: tl.constexpr, P_LOGITS: tl.constexpr, peak, coef, limit,
+              scale):
+    """One chunk of p (SCALED: of w_row * p), from its raw values."""
+    p = row_values(raw, P_LOGITS, peak, coef, limit, scale)
+    if SCALED:
+        p = w_row * p
+    return p
+
+
+# The row loops below stream the group's whole chunks with unmasked loads, the next chunk loaded
+# (into registers) before the current one is reduced, so two chunks per program are in flight.
+# The last whole chunk and a row's partial last chunk (read masked) are reduced after the loop: a
+# mask in the loop would cost a compare and a register fill per load on every chunk.
+
+
+@triton.jit
+def _whole_chunks(first, count, vocab, CHUNK: tl.constexpr):
+    """How many of chunks first .. first + count - 1 are whole (all but a partial last chunk)."""
+    return tl.where(vocab - (first + count - 1) * CHUNK < CHUNK, count - 1, count)
 
 
 @triton.jit
 def masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
              CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None):
     """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
-    (count <= GROUP), chunk first + i in slot i: the row loop when q is not read. The next chunk is
-    loaded (into registers) before the current one is reduced, so two chunks per program are in
-    flight."""
-    peak, coef, theta, scale = _stats_or_none(p_stats, P_LOGITS)
+    (count <= GROUP), chunk first + i in slot i: the row loop when q is not read."""
+    peak, coef, limit, scale = _stats_or_none(p_stats, P_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     masses = tl.zeros([GROUP], tl.float32)
+    whole = _whole_chunks(first, count, vocab, CHUNK)
     ptr = row_p + first * CHUNK
-    left = vocab - first * CHUNK  # values of the row from this chunk on
-    p_next = tl.load(ptr + lane, mask=lane < left, other=ABSENT)
-    for i in range(count):
-        p = row_values(p_next, P_LOGITS, peak, coef, theta, scale)
-        if SCALED:
-            p = w_row * p
+    p_next = widen(tl.load(ptr + lane, mask=lane < tl.where(whole > 0, CHUNK, 0), other=ABSENT))
+    for i in range(whole - 1):
+        p = _p_values(p_next, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
         ptr += CHUNK
-        left -= CHUNK
-        p_next = tl.load(ptr + lane, mask=lane < tl.where(i + 1 < count, left, 0), other=ABSENT)
+        p_next = widen(tl.load(ptr + lane))
         masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
+    if whole > 0:  # the last whole chunk, loaded by the loop
+        p = _p_values(p_next, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
+        masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), masses)
+    if whole < count:
+        offset = (first + whole) * CHUNK
+        raw = tl.load(row_p + offset + lane, mask=lane < vocab - offset, other=ABSENT)
+        p = _p_values(raw, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
+        masses = tl.where(slot == whole, tl.sum(p, axis=0), masses)
     return masses
+
+
+@triton.jit
+def _residual_values(raw_p, raw_q, w_row, P_LOGITS: tl.constexpr, p_peak, p_coef, p_limit,
+                     p_scale, Q_LOGITS: tl.constexpr, q_peak, q_coef, q_limit, q_scale):
+    """One chunk of the residual max(w_row p - q, 0), and of p, from their raw values."""
+    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale)
+    q = row_values(raw_q, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+    return tl.maximum(w_row * p - q, 0.0), p
 
 
 @triton.jit
@@ -78,29 +112,41 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
                     CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
                     Q_LOGITS: tl.constexpr = False, q_stats=None):
     """float32 masses of the residual max(w_row p - q, 0) and of p over chunks first .. first +
-    count - 1, chunk first + i in slot i: the row loop when q is read (next chunk prefetched, as
-    above)."""
-    p_peak, p_coef, p_theta, p_scale = _stats_or_none(p_stats, P_LOGITS)
-    q_peak, q_coef, q_theta, q_scale = _stats_or_none(q_stats, Q_LOGITS)
+    count - 1, chunk first + i in slot i: the row loop when q is read."""
+    p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
+    q_peak, q_coef, q_limit, q_scale = _stats_or_none(q_stats, Q_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     res_masses = tl.zeros([GROUP], tl.float32)
     p_masses = tl.zeros([GROUP], tl.float32)
+    whole = _whole_chunks(first, count, vocab, CHUNK)
     offset = first * CHUNK
-    left = vocab - offset
-    p_next = tl.load(row_p + offset + lane, mask=lane < left, other=ABSENT)
-    q_next = tl.load(row_q + offset + lane, mask=lane < left, other=ABSENT)
-    for i in range(count):
-        p = row_values(p_next, P_LOGITS, p_peak, p_coef, p_theta, p_scale)
-        q = row_values(q_next, Q_LOGITS, q_peak, q_coef, q_theta, q_scale)
+    in_range = lane < tl.where(whole > 0, CHUNK, 0)
+    p_next = widen(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT))
+    q_next = widen(tl.load(row_q + offset + lane, mask=in_range, other=ABSENT))
+    for i in range(whole - 1):
+        res, p = _residual_values(p_next, q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit,
+                                  p_scale, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
         offset += CHUNK
-        left -= CHUNK
-        in_range = lane < tl.where(i + 1 < count, left, 0)
-        p_next = tl.load(row_p + offset + lane, mask=in_range, other=ABSENT)
-        q_next = tl.load(row_q + offset + lane, mask=in_range, other=ABSENT)
-        res_masses = tl.where(slot == i, tl.sum(tl.maximum(w_row * p - q, 0.0), axis=0),
-                              res_masses)
-        p_masses = tl.where(slot == i, tl.sum(p, axis=0), p_masses)
+        p_next = widen(tl.load(row_p + offset + lane))
+        q_next = widen(tl.load(row_q + offset + lane))
+        res_mass, p_mass = tl.split(tl.sum(tl.join(res, p), axis=0))
+        res_masses = tl.where(slot == i, res_mass, res_masses)
+        p_masses = tl.where(slot == i, p_mass, p_masses)
+    if whole > 0:  # the last whole chunk, loaded by the loop
+        res, p = _residual_values(p_next, q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit,
+                                  p_scale, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+        res_masses = tl.where(slot == whole - 1, tl.sum(res, axis=0), res_masses)
+        p_masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), p_masses)
+    if whole < count:
+        offset = (first + whole) * CHUNK
+        in_range = lane < vocab - offset
+        res, p = _residual_values(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT),
+                                  tl.load(row_q + offset + lane, mask=in_range, other=ABSENT),
+                                  w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale, Q_LOGITS,
+                                  q_peak, q_coef, q_limit, q_scale)
+        res_masses = tl.where(slot == whole, tl.sum(res, axis=0), res_masses)
+        p_masses = tl.where(slot == whole, tl.sum(p, axis=0), p_masses)
     return res_masses, p_masses
 
 
@@ -112,13 +158,13 @@ def chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: 
     (draft given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p.
     With w_row = 1, read_q False and removed -1: p."""
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p_peak, p_coef, p_theta, p_scale = _stats_or_none(p_stats, P_LOGITS)
+    p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
     p = row_values(tl.load(row_p + cols, mask=cols < vocab, other=ABSENT), P_LOGITS, p_peak, p_coef,
-                   p_theta, p_scale)
+                   p_limit, p_scale)
     if HAS_DRAFT:
-        q_peak, q_coef, q_theta, q_scale = _stats_or_none(q_stats, Q_LOGITS)
+        q_peak, q_coef, q_limit, q_scale = _stats_or_none(q_stats, Q_LOGITS)
         q = row_values(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=ABSENT), Q_LOGITS,
-                       q_peak, q_coef, q_theta, q_scale)
+                       q_peak, q_coef, q_limit, q_scale)
         return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q is not read
     else:
         return tl.where(cols == removed, 0.0, w_row * p)

@@ -226,7 +226,7 @@ def block_row_pass_kernel(
     greedy = False
     greedy_token = tl.zeros([], tl.int64)
     if LOGITS:
-        mode, peak, coef, theta, scale, greedy_token = load_stats(p_stats)
+        mode, peak, coef, limit, scale, greedy_token = load_stats(p_stats)
         greedy = mode == GREEDY
     if greedy:  # p_t one-hot: its races from its one value, its token that one
         res_key, res_chunk, p_key, p_chunk = _greedy_races(

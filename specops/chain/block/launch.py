@@ -8,7 +8,7 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
-from ...core.logits_launch import on_row_statistics
+from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
@@ -22,6 +22,7 @@ GROUP = 64
 # contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 ROW_PASS = TritonKernel(block_row_pass_kernel, **LAUNCH_OPTIONS)
+ROW_PASS_FROM_LOGITS = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_OPTIONS)
 SCAN = TritonKernel(block_scan_kernel, **LAUNCH_OPTIONS)
 
 
@@ -83,7 +84,8 @@ def block_speculative_sampling_triton(
                      (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
            max(stride_ib, stride_in, seed_stride, offset_stride, accepted_num.stride(0),
                emitted_num.stride(0)) < 2**31)
-    compiled = ROW_PASS.compiled((row_constexprs, key), row_args, row_constexprs)
+    row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
+    compiled = row_pass.compiled((row_constexprs, key), row_args, row_constexprs)
     if num_splits is None:
         num_splits = occupancy.programs_per_row(compiled, rows, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
@@ -95,8 +97,8 @@ def block_speculative_sampling_triton(
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
     masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
     row_args[5], row_args[6], row_args[11] = partials, masses, per_program
-    direct = direct_launch(ROW_PASS, SCAN)
-    ROW_PASS.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
+    direct = direct_launch(row_pass, SCAN)
+    row_pass.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
     scan_args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
                  partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
                  stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),

@@ -170,7 +170,7 @@ def chain_speculative_sampling_kernel(
     greedy = False
     greedy_token = tl.zeros([], tl.int64)
     if LOGITS:
-        mode, peak, coef, theta, scale, greedy_token = load_stats(p_stats)
+        mode, peak, coef, limit, scale, greedy_token = load_stats(p_stats)
         greedy = mode == GREEDY
     if greedy:  # the residual of a one-hot row has its mass at its token, or none: the token
         res_key = tl.where(program == 0, 0.0, float("inf")).to(tl.float64)

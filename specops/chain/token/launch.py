@@ -10,7 +10,7 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
-from ...core.logits_launch import on_row_statistics
+from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
@@ -23,6 +23,7 @@ GROUP = 128
 # multiply-add contraction, so every float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **LAUNCH_OPTIONS)
+MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
 COMBINE = TritonKernel(combine_kernel, **LAUNCH_OPTIONS)
 
 
@@ -101,7 +102,8 @@ def chain_speculative_sampling_triton(
            alignment((target_probs.data_ptr(), draft.data_ptr()),
                      (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
            max(stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride) < 2**31)
-    compiled = MAIN.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
+    main = MAIN_FROM_LOGITS if logits else MAIN
+    compiled = main.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
                                    emitted_num, seed, offset, out, no_stats, target_stats,
                                    draft_stats, num_draft, vocab,
                                    stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
@@ -125,10 +127,10 @@ def chain_speculative_sampling_triton(
             stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride,
             int(seed_per_request), per_program, cdf_slot, race_slot0)
     if programs == 1:
-        MAIN.launch((batch, 1), compiled, args, constexprs)
+        main.launch((batch, 1), compiled, args, constexprs)
         return out
-    direct = direct_launch(MAIN, COMBINE)
-    MAIN.launch((batch, programs), compiled, args, constexprs, direct)
+    direct = direct_launch(main, COMBINE)
+    main.launch((batch, programs), compiled, args, constexprs, direct)
     combine = (partials, out, num_draft, programs)
     # Every argument's dtype and specialisation is fixed: one specialisation per device.
     combined = COMBINE.compiled((), combine, (MAX_PROGRAMS_PER_REQUEST,),
