@@ -279,6 +279,47 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: s
 COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
 
 
+def compile_statistics(prob):
+    """The row statistics kernel (verification from logits' first stage) as its launcher
+    specialises it."""
+    from specops.core.logits_launch import LAUNCH_OPTIONS
+    from specops.core.logits_triton import row_statistics_kernel
+
+    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
+             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
+    return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK}, True,
+                              LAUNCH_OPTIONS)
+
+
+def statistics_budget(prob: str, kernel=None) -> list[dict]:
+    """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
+    mass passes: every pass reads the row once), as ``budget``'s rows."""
+    from specops.core.logits_triton import _count, _mass, _peak
+
+    kernel = kernel or compile_statistics(prob)
+    num_warps = kernel.metadata.num_warps
+    elem = PROB_DTYPES[prob]
+    marks = {"peak": source_lines(_peak), "count": source_lines(_count),
+             "mass": source_lines(_mass)}
+    rows = disassemble(kernel.asm["cubin"])
+    out = []
+    for first, last in innermost_loops(rows):
+        body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
+        loads = sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body)
+        names = [name for name, lines in marks.items()
+                 if {line for _, ls in body for line in ls} & lines]
+        if not loads or len(names) != 1:  # not a pass over the row
+            continue
+        chunks = loads / (CHUNK * elem / 16 / (num_warps * 32))
+        per_chunk = len(body) / chunks
+        per_byte = per_chunk * num_warps / (CHUNK * elem)
+        out.append({"variant": f"{prob} statistics {names[0]} pass",
+                    "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
+                    "bytes_per_chunk": CHUNK * elem, "instructions_per_byte": per_byte,
+                    "issue_bound": issue_bound(per_byte)})
+    return out
+
+
 def print_header(title: str) -> None:
     print(f"{title:46} {'instr/chunk/warp':>16} {'bytes/chunk':>11} {'instr/byte':>10} "
           f"{'issue bound':>12}")
@@ -315,6 +356,14 @@ def main() -> int:
                     print_row(row)
                 print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
         print()
+    print_header("row statistics kernel (verification from logits)")
+    for prob in PROB_DTYPES:
+        kernel = compile_statistics(prob)
+        for row in statistics_budget(prob, kernel):
+            ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+            print_row(row)
+        print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
     return 0 if ok else 1

@@ -121,3 +121,36 @@ def test_issue_bound_beats_the_goal(compiled):
     # (draft probabilities: p, residual; draft logits: p, residual; None: p)
     assert_issue_bounds([row for s, res in specialisations(compiled)
                          for row in res.get("budget", [])], 9 + 15)
+
+
+STATISTICS_WORKER = r'''
+import inspect, json, sys
+from triton.compiler import ASTSource
+import sass_budget  # benchmarks/
+
+if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
+    print(json.dumps({"skip": "ASTSource API of triton < 3.3"}))
+    sys.exit(0)
+out = {}
+for prob in ("fp32", "fp16", "bf16"):
+    kernel = sass_budget.compile_statistics(prob)
+    found = sass_budget.compile_report(kernel)
+    if "resources" in found:
+        found["budget"] = sass_budget.statistics_budget(prob, kernel)
+    out[prob] = found
+print(json.dumps(out))
+'''
+
+
+def test_statistics_kernel_compiles_without_spills_within_the_budget():
+    """The row statistics kernel (verification from logits' first stage): no spills, and each of
+    its passes over a row (the peak, the counts of top-k's bisection, the masses of top-p's and
+    the last one) issue-bound above the goal in every dtype."""
+    out = run_worker(STATISTICS_WORKER)
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    for prob, report in out.items():
+        assert_no_spills(report, prob)
+    # 3 dtypes x (peak, 2 count passes, 3 mass passes: each pass inlined where it is called)
+    assert_issue_bounds([row for report in out.values() for row in report.get("budget", [])],
+                        3 * 6)

@@ -10,13 +10,15 @@ from .logits_triton import row_statistics_kernel
 from .race import CHUNK_SIZE
 
 STATS_FIELDS = 6  # logits_triton.STATS
-# How the kernel is built: as the samplers' kernels (no multiply-add contraction).
-LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
+# How the samplers build the kernels that read logits (no multiply-add contraction, as every
+# kernel): a row loop then does about twice the work per value of one reading probabilities
+# (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each chunk's block
+# reduction among twice the values (docs/kernel.md, the instruction budget).
+FROM_LOGITS_OPTIONS = {"num_warps": 2, "num_stages": 1, "enable_fp_fusion": False}
+# The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers
+# and spills around the bisections' bookkeeping, and with a cap of 128 it takes what it needs.
+LAUNCH_OPTIONS = {**FROM_LOGITS_OPTIONS, "maxnreg": 128}
 STATISTICS = TritonKernel(row_statistics_kernel, **LAUNCH_OPTIONS)
-# How the samplers build the kernels that read logits: a row loop then does about twice the work
-# per value (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each
-# chunk's reduction among twice the values (docs/kernel.md, the instruction budget).
-FROM_LOGITS_OPTIONS = {**LAUNCH_OPTIONS, "num_warps": 2}
 
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

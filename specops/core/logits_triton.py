@@ -2,15 +2,15 @@
 reads its processed probabilities straight from the logits, without writing them.
 
 A row's statistics (float64, STATS fields, ``row_statistics_kernel``): its mode (NO_MASS,
-SAMPLED, GREEDY), its largest finite logit m, the exponent scale c = log2(e) / T, the keep limit L,
-the scale r = 1 / W of the kept mass, and the first index of m (a greedy row's token). A sampled row's
-probability of logit x is then ``processed(x, ...)``: with n = m - x (float32), exp2(n (-c)) r
-where n's float32 bits, read unsigned, are below L, else 0. L is one above the bits of
-m - theta, theta the least logit kept, so the test keeps exactly theta <= x <= m: n >= 0 and n <= m
-- theta (a logit below theta with the same n would have theta's weight, so the rule keeps none);
-+inf, NaN and -inf logits give n = -inf (the sign bit), NaN and +inf, which it never keeps. A row
-that keeps nothing has L = 0. One compare and one select per value, where theta and m took two
-each.
+SAMPLED, GREEDY), its largest finite logit m, the exponent scale c = log2(e) / T, the keep limit
+L, the scale r = 1 / W of the kept mass, and the first index of m (a greedy row's token). A sampled
+row's probability of logit x is then ``processed(x, ...)``: with n = m - x (float32), exp2(n (-c))
+r where n's float32 bits, read unsigned, are below L, else 0. The rule keeps the weights
+e = exp2(n (-c)) at or above a floor t, and e falls as n grows: L is one above the bits of the
+largest n >= 0 whose weight is >= t (``_keep_limit``, a bisection over n's bits that reads no
+logit), so the test keeps exactly the rule's tokens. NaN, +inf and -inf logits give n = NaN, -inf
+(the sign bit) and +inf, never kept (L is at most +inf's bits); m is stored as +0 where it is -0,
+so n is never -0. A row that keeps nothing has L = 0. One compare and one select per value.
 
 Each threshold is found as logits.py's: min-p directly; top-k as the largest weight t with at least
 k kept weights >= t, and top-p as the largest t with W(t) >= P W(0), each by bisection over the
@@ -32,12 +32,6 @@ STATS = tl.constexpr(6)  # mode, m, c, L, r, greedy index
 LOG2E = tl.constexpr(logits.LOG2E)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
 INF_BITS = tl.constexpr(0x7F800000)  # +inf's: n = +inf (a -inf logit) is never kept
-
-
-@triton.jit
-def weight(x, peak, coef):
-    """e = exp2((x - m) c), float32, of finite logits (as logits.weights)."""
-    return tl.exp2((x - peak) * coef)
 
 
 @triton.jit
@@ -84,57 +78,93 @@ def probabilities_at(raw, stats, ids, mask, LOGITS: tl.constexpr):
     return sanitize(raw)
 
 
+# The statistics' passes keep per-lane partial results across a row's chunks (running maxima,
+# counts, least logits) and reduce them over the block once per row; only the masses are summed
+# per chunk, as the rule defines them, and binned a group of chunks at a time. Each pass streams
+# the row's whole chunks with unmasked loads and reads a partial last chunk apart, masked (a mask
+# in the loop would cost a compare and a register fill per load on every chunk).
+STATS_GROUP = tl.constexpr(128)  # chunk masses a program holds before binning them
+
+
+@triton.jit
+def _chunk(row, vocab, first, lane, MASKED: tl.constexpr):
+    """The float32 logits of the chunk at ``first`` (-inf past V when MASKED: the row's partial
+    last chunk)."""
+    if MASKED:
+        return widen(tl.load(row + first + lane, mask=first + lane < vocab, other=-float("inf")))
+    return widen(tl.load(row + first + lane))
+
+
+@triton.jit
+def _kept(x, peak, coef, floor):
+    """(weights of logits x, where they are in [floor, 1]): the finite logits with weight >=
+    floor, by one unsigned compare of the weights' bits (NaN and +inf logits weigh NaN and +inf,
+    above 1; a -inf logit weighs 0, kept only where floor is 0, where it adds nothing and every
+    finite logit is kept). The weight exp2((m - x) (-c)) is exp2((x - m) c) bit for bit."""
+    e = tl.exp2((peak - x) * -coef)
+    above = floor.to(tl.uint32, bitcast=True)
+    return e, e.to(tl.uint32, bitcast=True) - above <= ONE_BITS - above
+
+
+@triton.jit
+def _peak_step(best, at, x, index):
+    """The running per-lane maximum of finite logits and its first index, after logits x."""
+    better = (x > best) & (x < float("inf"))  # NaN and -inf never are; the first index stays
+    return tl.where(better, x, best), tl.where(better, index, at)
+
+
 @triton.jit
 def _peak(row, vocab, CHUNK: tl.constexpr):
     """(largest finite logit, its first index; -inf and 0 without one)."""
     lane = tl.arange(0, CHUNK)
-    best = tl.full([], -float("inf"), tl.float32)
-    index = tl.zeros([], tl.int64)
-    for first in range(0, vocab, CHUNK):
-        x = tl.load(row + first + lane, mask=first + lane < vocab, other=-float("inf"))
-        x = x.to(tl.float32)
-        x = tl.where((x == x) & (tl.abs(x) < float("inf")), x, -float("inf"))
-        top = tl.max(x, axis=0)
-        at = tl.min(tl.where(x == top, lane, CHUNK), axis=0) + first
-        better = top > best
-        best, index = tl.where(better, top, best), tl.where(better, at, index)
-    return best, index
-
-
-@triton.jit
-def _kept(row, vocab, peak, coef, floor, first, lane, CHUNK: tl.constexpr):
-    """(weights of a chunk, where it keeps them: finite logits with weight >= floor)."""
-    x = tl.load(row + first + lane, mask=first + lane < vocab, other=-float("inf")).to(tl.float32)
-    valid = (x == x) & (tl.abs(x) < float("inf"))
-    e = tl.where(valid, weight(x, peak, coef), 0.0)
-    return e, valid & (e >= floor)
+    best = tl.full([CHUNK], -float("inf"), tl.float32)
+    at = tl.zeros([CHUNK], tl.int32)
+    whole = vocab // CHUNK * CHUNK
+    for first in range(0, whole, CHUNK):
+        best, at = _peak_step(best, at, _chunk(row, vocab, first, lane, False), first + lane)
+    if whole < vocab:
+        best, at = _peak_step(best, at, _chunk(row, vocab, whole, lane, True), whole + lane)
+    top = tl.max(best, axis=0)
+    index = tl.min(tl.where(best == top, at, vocab), axis=0)
+    return top, tl.where(top > -float("inf"), index, 0).to(tl.int64)
 
 
 @triton.jit
 def _count(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
     """How many finite logits have weight >= floor."""
     lane = tl.arange(0, CHUNK)
-    total = tl.zeros([], tl.int64)
-    for first in range(0, vocab, CHUNK):
-        e, keep = _kept(row, vocab, peak, coef, floor, first, lane, CHUNK)
-        total += tl.sum(keep.to(tl.int64), axis=0)
-    return total
+    counts = tl.zeros([CHUNK], tl.int32)
+    whole = vocab // CHUNK * CHUNK
+    for first in range(0, whole, CHUNK):
+        e, keep = _kept(_chunk(row, vocab, first, lane, False), peak, coef, floor)
+        counts += keep.to(tl.int32)
+    if whole < vocab:
+        e, keep = _kept(_chunk(row, vocab, whole, lane, True), peak, coef, floor)
+        counts += keep.to(tl.int32)
+    return tl.sum(counts, axis=0).to(tl.int64)
 
 
 @triton.jit
 def _mass(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
     """W(floor): the exact sum of the float32 chunk masses of the weights >= floor (float64), as
-    logits.kept_mass; and the least logit among them."""
+    logits.kept_mass."""
     lane = tl.arange(0, CHUNK)
+    slot = tl.arange(0, STATS_GROUP)
     bins = tl.zeros([1, BIN_LANES], tl.int64)
-    least = tl.full([], float("inf"), tl.float32)
-    for first in range(0, vocab, CHUNK):
-        e, keep = _kept(row, vocab, peak, coef, floor, first, lane, CHUNK)
-        chunk = tl.sum(tl.where(keep, e, 0.0), axis=0)
-        bins = add_masses(bins, tl.zeros([1, 1], tl.float32) + chunk)
-        x = tl.load(row + first + lane, mask=first + lane < vocab, other=0.0).to(tl.float32)
-        least = tl.minimum(least, tl.min(tl.where(keep, x, float("inf")), axis=0))
-    return tl.sum(to_float(bins), axis=0), least
+    whole = vocab // CHUNK * CHUNK
+    for group in range(0, whole, STATS_GROUP * CHUNK):
+        masses = tl.zeros([STATS_GROUP], tl.float32)
+        chunk = row + group
+        for i in range(tl.minimum((whole - group) // CHUNK, STATS_GROUP)):
+            e, keep = _kept(widen(tl.load(chunk + lane)), peak, coef, floor)
+            chunk += CHUNK
+            masses = tl.where(slot == i, tl.sum(tl.where(keep, e, 0.0), axis=0), masses)
+        bins = add_masses(bins, masses[None, :])
+    if whole < vocab:
+        e, keep = _kept(_chunk(row, vocab, whole, lane, True), peak, coef, floor)
+        bins = add_masses(bins, tl.zeros([1, 1], tl.float32) + tl.sum(tl.where(keep, e, 0.0),
+                                                                      axis=0))
+    return tl.sum(to_float(bins), axis=0)
 
 
 @triton.jit
@@ -158,11 +188,24 @@ def _largest_floor_with_mass(row, vocab, peak, coef, floor, goal, CHUNK: tl.cons
     hi = ONE_BITS + 1
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        mass, least = _mass(row, vocab, peak, coef, mid.to(tl.float32, bitcast=True), CHUNK)
-        enough = mass >= goal
+        enough = _mass(row, vocab, peak, coef, mid.to(tl.float32, bitcast=True), CHUNK) >= goal
         lo = tl.where(enough, mid, lo)
         hi = tl.where(enough, hi, mid)
     return lo.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _keep_limit(coef, floor):
+    """One above the float32 bits of the largest n >= 0 whose weight exp2(n (-c)) is >= floor
+    (at most +inf's bits), by bisection over n's bits: the weight falls as n grows."""
+    lo = tl.zeros([], tl.int32)  # n = 0: weight 1 >= floor
+    hi = tl.full([], INF_BITS + 1, tl.int32)
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        kept = tl.exp2(mid.to(tl.float32, bitcast=True) * -coef) >= floor
+        lo = tl.where(kept, mid, lo)
+        hi = tl.where(kept, hi, mid)
+    return tl.minimum(lo + 1, INF_BITS)
 
 
 # Specialised on the row addressing only (the logits pointer, V and the row strides: 16-byte row
@@ -189,13 +232,14 @@ def row_statistics_kernel(
     min_p = tl.load(min_p_ptr + b * min_p_stride).to(tl.float32)
     in_range = ((temperature >= 0) & (top_k >= 0) & (top_p > 0) & (top_p <= 1) & (min_p >= 0)
                 & (min_p <= 1))
+    # First, while few values are live: its slow path is a call, around which ptxas saves them.
+    coef = tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature)
     peak, index = _peak(logits_row, vocab, CHUNK)
     peak = tl.where(peak == 0, 0.0, peak)  # +0 for -0: n = m - x is then never -0 (kept)
-    coef = tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature)
     mode = tl.where(in_range & (peak > -float("inf")),
                     tl.where(temperature == 0, GREEDY, SAMPLED), NO_MASS)
-    theta = peak
     scale = tl.full([], 1.0, tl.float32)
+    limit = tl.zeros([], tl.int32)  # keeps nothing
     if mode == SAMPLED:
         floor = min_p
         if (top_k > 0) & (top_k < vocab):
@@ -203,12 +247,12 @@ def row_statistics_kernel(
                 floor = _largest_floor_with_count(logits_row, vocab, peak, coef, floor, top_k,
                                                   CHUNK)
         if top_p < 1:
-            goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, CHUNK)[0]
+            goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, CHUNK)
             floor = _largest_floor_with_mass(logits_row, vocab, peak, coef, floor, goal, CHUNK)
-        mass, theta = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
+        mass = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
-    spread = (peak - theta).to(tl.uint32, bitcast=True).to(tl.int64)  # m - theta >= 0
-    limit = tl.where(mode == SAMPLED, tl.minimum(spread + 1, INF_BITS), 0)  # 0: keeps nothing
+        if mass > 0:
+            limit = _keep_limit(coef, floor)
     out = stats_ptr + row * STATS
     tl.store(out, mode.to(tl.float64))
     tl.store(out + 1, peak.to(tl.float64))
