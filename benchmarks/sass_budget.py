@@ -10,7 +10,7 @@ finds each row loop (an innermost loop of masses_p / masses_residual, the row st
 takes from specops/core/race_triton.py), counts its instructions, and prints per variant the
 instructions per byte and that bound.
 
-    python benchmarks/sass_budget.py            # the three tables (about a minute)
+    python benchmarks/sass_budget.py            # the tables (a few minutes)
 
 Chain variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice
 the bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
