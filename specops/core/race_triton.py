@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from .logits_triton import load_stats, row_values
+from .philox import philox_uniform
 from .probs_triton import ABSENT, sanitize, widen
 
 
@@ -181,6 +182,26 @@ def keep_best(best_key, best_chunk, masses, first, count, neg_log_u, GROUP: tl.c
     winner = tl.min(tl.where(keys == key, slot, GROUP), axis=0)
     better = key < best_key
     return tl.where(better, key, best_key), tl.where(better, first + winner, best_chunk)
+
+
+@triton.jit
+def race_start():
+    """(residual key, its chunk, p key, its chunk) before any chunk: no mass yet."""
+    return (tl.zeros([], tl.float64) + float("inf"), tl.zeros([], tl.int64),
+            tl.zeros([], tl.float64) + float("inf"), tl.zeros([], tl.int64))
+
+
+@triton.jit
+def race_group(res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count,
+               race_slot0, stream, off_lo, off_hi, key_lo, key_hi, GROUP: tl.constexpr):
+    """Both races' running best after the group of chunks first + i, i < count, with these
+    masses: chunk k's uniform is the Philox slot race_slot0 + k, shared by the two races."""
+    slot = tl.arange(0, GROUP)
+    u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
+    neg_log_u = -tl.log(u.to(tl.float64))
+    res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u, GROUP)
+    p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+    return res_key, res_chunk, p_key, p_chunk
 
 
 @triton.jit

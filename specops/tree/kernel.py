@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
-from ..core.race_triton import keep_best, masses_p, masses_residual, race_token, sanitize
+from ..core.race_triton import (keep_best, masses_p, masses_residual, race_group, race_start,
+                               race_token, sanitize)
 from ..core.sums_triton import BIN_LANES, add_masses, to_float
 
 
@@ -30,23 +31,17 @@ def _residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_h
     """One pass over a node's row pair, GROUP chunks at a time: the exact mass of the residual
     R = relu(w_row p - q) (float64, as core/sums.py's exact_total of its float32 chunk masses) and
     the best (key, chunk) of the R race and of the p race."""
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
+    res_key, res_chunk, p_key, p_chunk = race_start()
     bins = tl.zeros([1, BIN_LANES], tl.int64)
-    slot = tl.arange(0, GROUP)
     chunks = tl.cdiv(vocab, CHUNK)
     for first in range(0, chunks, GROUP):
         count = tl.minimum(chunks - first, GROUP).to(tl.int32)
         res_masses, p_masses = masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP,
                                                CHUNK)
         bins = add_masses(bins, res_masses[None, :])  # slots past count hold 0
-        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                       GROUP)
-        p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+        res_key, res_chunk, p_key, p_chunk = race_group(
+            res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count, race_slot0,
+            stream, off_lo, off_hi, key_lo, key_hi, GROUP)
     return tl.sum(to_float(bins), axis=0), res_key, res_chunk, p_key, p_chunk
 
 

@@ -22,8 +22,8 @@ import triton.language as tl
 from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
 from ...core.philox import philox_uniform, split_int64
 from ...core.probs_triton import ABSENT
-from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
-                                 race_token, store_race_partial, winning_token)
+from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
+                                 race_start, race_token, store_race_partial, winning_token)
 from ...core.sums_triton import BIN_LANES, add_masses, to_float
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
@@ -114,10 +114,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, w_row, False,
                                                removed, False, CHUNK, LOGITS, p_stats), axis=0)
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
+    res_key, res_chunk, p_key, p_chunk = race_start()
     slot = tl.arange(0, GROUP)
     for first in range(k_begin, k_end, GROUP):
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
@@ -134,11 +131,9 @@ def _races(row_p, row_q, k_begin, k_end, vocab, w_row, read_q, scaled, removed, 
                                 p_stats)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         tl.store(masses_row + (first + slot), res_masses, mask=slot < count)
-        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                       GROUP)
-        p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+        res_key, res_chunk, p_key, p_chunk = race_group(
+            res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count, race_slot0,
+            stream, off_lo, off_hi, key_lo, key_hi, GROUP)
     return res_key, res_chunk, p_key, p_chunk
 
 
@@ -156,22 +151,16 @@ def _greedy_races(row_q, token, k_begin, k_end, w_row, read_q, scaled, removed, 
     else:
         value = tl.where(token == removed, 0.0, w_row * 1.0)
     p_value = tl.where(scaled, value, 1.0)  # scaled: the p_t race runs on R_t's masses
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
+    res_key, res_chunk, p_key, p_chunk = race_start()
     slot = tl.arange(0, GROUP)
     for first in range(k_begin, k_end, GROUP):
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
         here = slot == token // CHUNK - first
         res_masses = tl.where(here, value, 0.0)
         tl.store(masses_row + (first + slot), res_masses, mask=slot < count)
-        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                       GROUP)
-        p_key, p_chunk = keep_best(p_key, p_chunk, tl.where(here, p_value, 0.0), first, count,
-                                   neg_log_u, GROUP)
+        res_key, res_chunk, p_key, p_chunk = race_group(
+            res_key, res_chunk, p_key, p_chunk, res_masses, tl.where(here, p_value, 0.0), first,
+            count, race_slot0, stream, off_lo, off_hi, key_lo, key_hi, GROUP)
     return res_key, res_chunk, p_key, p_chunk
 
 

@@ -21,8 +21,8 @@ import triton.language as tl
 from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
 from ...core.philox import philox_uniform, split_int64
 from ...core.probs_triton import ABSENT
-from ...core.race_triton import (RACE_FIELDS, chunk_values, keep_best, masses_p, masses_residual,
-                                 race_token, store_race_partial, winning_token)
+from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
+                                 race_start, race_token, store_race_partial, winning_token)
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
@@ -96,10 +96,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, 1.0, False,
                                                removed, False, CHUNK, LOGITS, p_stats), axis=0)
-    res_key = tl.zeros([], tl.float64) + float("inf")
-    res_chunk = tl.zeros([], tl.int64)
-    p_key = tl.zeros([], tl.float64) + float("inf")
-    p_chunk = tl.zeros([], tl.int64)
+    res_key, res_chunk, p_key, p_chunk = race_start()
     slot = tl.arange(0, GROUP)
     for first in range(k_begin, k_end, GROUP):
         count = tl.minimum(k_end - first, GROUP).to(tl.int32)
@@ -111,11 +108,9 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
             p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK, LOGITS,
                                 p_stats)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
-        u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
-        neg_log_u = -tl.log(u.to(tl.float64))
-        res_key, res_chunk = keep_best(res_key, res_chunk, res_masses, first, count, neg_log_u,
-                                       GROUP)
-        p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count, neg_log_u, GROUP)
+        res_key, res_chunk, p_key, p_chunk = race_group(
+            res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count, race_slot0,
+            stream, off_lo, off_hi, key_lo, key_hi, GROUP)
     return res_key, res_chunk, p_key, p_chunk
 
 
