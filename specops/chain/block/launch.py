@@ -18,8 +18,9 @@ MAX_SPLITS = 256  # most programs one row is split over (a power of two: the sca
 # of them: at 128, ptxas gave one variant 88 registers instead of about 64).
 GROUP = 64
 # How the kernels are built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
-# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16. No multiply-add
-# contraction, so every float operation rounds as the torch reference's does.
+# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16 (the row pass
+# reading logits: FROM_LOGITS_OPTIONS, 2 warps). No multiply-add contraction, so every float
+# operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 ROW_PASS = TritonKernel(block_row_pass_kernel, **LAUNCH_OPTIONS)
 ROW_PASS_FROM_LOGITS = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_OPTIONS)

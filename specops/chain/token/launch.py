@@ -19,8 +19,9 @@ from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_k
 MAX_PROGRAMS_PER_REQUEST = 256
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# How the kernels are built (benchmarks/sass_budget.py compiles with the same options). No
-# multiply-add contraction, so every float operation rounds as the torch reference's does.
+# How the kernels are built (benchmarks/sass_budget.py compiles with the same options; the main
+# kernel reading logits: FROM_LOGITS_OPTIONS, 2 warps). No multiply-add contraction, so every
+# float operation rounds as the torch reference's does.
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **LAUNCH_OPTIONS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
