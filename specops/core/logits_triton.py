@@ -78,8 +78,8 @@ def probabilities_at(raw, stats, ids, mask, LOGITS: tl.constexpr):
     return sanitize(raw)
 
 
-# The statistics' passes keep per-lane partial results across a row's chunks (running maxima,
-# counts, least logits) and reduce them over the block once per row; only the masses are summed
+# The statistics' passes keep per-lane partial results across a row's chunks (running maxima and
+# their indices, counts) and reduce them over the block once per row; only the masses are summed
 # per chunk, as the rule defines them, and binned a group of chunks at a time. Each pass streams
 # the row's whole chunks with unmasked loads and reads a partial last chunk apart, masked (a mask
 # in the loop would cost a compare and a register fill per load on every chunk).
@@ -131,7 +131,8 @@ def _peak(row, vocab, CHUNK: tl.constexpr):
 
 @triton.jit
 def _count(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
-    """How many finite logits have weight >= floor."""
+    """How many finite logits have weight >= floor (where floor is 0, the -inf logits and the
+    lanes past V too: of weight 0, they change no probability the threshold gives)."""
     lane = tl.arange(0, CHUNK)
     counts = tl.zeros([CHUNK], tl.int32)
     whole = vocab // CHUNK * CHUNK
