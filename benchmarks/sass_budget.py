@@ -24,6 +24,7 @@ assert GOAL for every variant with these functions.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
@@ -130,6 +131,7 @@ def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True
                               LAUNCH_OPTIONS)
 
 
+@functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
     """(label or '', instruction text, (source file, line) of it, innermost first, over its chain
     of inlined calls) per line of SASS; labels come as ('.L_x_3', '', ())."""

@@ -253,7 +253,9 @@ def row_statistics_kernel(
         mass = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
         if mass > 0:
-            limit = _keep_limit(coef, floor)
+            limit = tl.full([], INF_BITS, tl.int32)  # floor 0: every finite logit is kept
+            if floor > 0:
+                limit = _keep_limit(coef, floor)
     out = stats_ptr + row * STATS
     tl.store(out, mode.to(tl.float64))
     tl.store(out + 1, peak.to(tl.float64))
