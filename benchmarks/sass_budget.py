@@ -263,19 +263,24 @@ def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: s
     kernel = kernel or COMPILERS[sampler](prob, draft)
     num_warps = kernel.metadata.num_warps
     elem = PROB_DTYPES[prob]
-    out = []
-    for name, loop in sorted(row_loops(kernel).items()):
-        rows_read = 2 if name == "residual" else 1
-        chunks = loop["loads16"] / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
-        per_chunk = loop["instructions"] / chunks
-        chunk_bytes = rows_read * CHUNK * elem
-        per_byte = per_chunk * num_warps / chunk_bytes
-        out.append({"variant": f"{prob}{label} draft={'given' if draft else 'None'} "
-                               f"{LOOP_LABELS[name]}",
-                    "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
-                    "bytes_per_chunk": chunk_bytes, "instructions_per_byte": per_byte,
-                    "issue_bound": issue_bound(per_byte)})
-    return out
+    return [budget_row(f"{prob}{label} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
+                       loop["instructions"], loop["loads16"], 2 if name == "residual" else 1,
+                       elem, num_warps)
+            for name, loop in sorted(row_loops(kernel).items())]
+
+
+def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, elem: int,
+               num_warps: int) -> dict:
+    """A loop's budget row from its instructions and 16-byte loads per iteration: instructions
+    per chunk (per warp), bytes per chunk, instructions per byte (all warps of a program) and the
+    issue-bound bandwidth."""
+    chunks = loads16 / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
+    per_chunk = instructions / chunks
+    chunk_bytes = rows_read * CHUNK * elem
+    per_byte = per_chunk * num_warps / chunk_bytes
+    return {"variant": variant, "instructions_per_chunk": per_chunk,
+            "chunks_per_iteration": chunks, "bytes_per_chunk": chunk_bytes,
+            "instructions_per_byte": per_byte, "issue_bound": issue_bound(per_byte)}
 
 
 COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
@@ -312,13 +317,8 @@ def statistics_budget(prob: str, kernel=None) -> list[dict]:
                  if {line for _, ls in body for line in ls} & lines]
         if not loads or len(names) != 1:  # not a pass over the row
             continue
-        chunks = loads / (CHUNK * elem / 16 / (num_warps * 32))
-        per_chunk = len(body) / chunks
-        per_byte = per_chunk * num_warps / (CHUNK * elem)
-        out.append({"variant": f"{prob} statistics {names[0]} pass",
-                    "instructions_per_chunk": per_chunk, "chunks_per_iteration": chunks,
-                    "bytes_per_chunk": CHUNK * elem, "instructions_per_byte": per_byte,
-                    "issue_bound": issue_bound(per_byte)})
+        out.append(budget_row(f"{prob} statistics {names[0]} pass", len(body), loads, 1, elem,
+                              num_warps))
     return out
 
 
