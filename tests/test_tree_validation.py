@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import specops
 from specops.tree.arguments import check_arguments
 
-from tracing import errors_while_tracing  # tests/tracing.py
+from tracing import (assert_same_error_under_compile, assert_same_error_under_fake_tensors,  # tests/
+                     message_of, with_one_changed)
 
 OP = torch.ops.specops.tree_speculative_sampling
 B, M, V = 3, 4, 5
@@ -63,31 +63,22 @@ BAD = [
 
 
 def bad_args(name, value):
-    args = good_args()
-    args[name] = value
-    return [args[k] for k in ARG_ORDER]
-
-
-def eager_error(name, value, exc):
-    with pytest.raises(exc) as info:
-        check_arguments(*bad_args(name, value))
-    return str(info.value)
+    return with_one_changed(good_args(), ARG_ORDER, name, value)
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_eager_message(case):
     _, name, value, exc, fragments = case
-    message = eager_error(name, value, exc)
+    message = message_of(exc, check_arguments, *bad_args(name, value))
     for fragment in fragments:
         assert fragment in message, (fragment, message)
     # The public function names the same argument, with the same message.
     args = dict(zip(ARG_ORDER, bad_args(name, value)))
     if name != "with_replacement" and name not in ("seed", "offset"):
-        with pytest.raises(exc) as info:
-            specops.tree_speculative_sampling(
-                args["draft_probs"], args["draft_token_ids"], args["parents"],
-                args["target_probs"], seed=1)
-        assert str(info.value) == message
+        public = lambda: specops.tree_speculative_sampling(  # noqa: E731
+            args["draft_probs"], args["draft_token_ids"], args["parents"], args["target_probs"],
+            seed=1)
+        assert message_of(exc, public) == message
 
 
 TENSOR_CASES = [c for c in BAD if isinstance(c[2], torch.Tensor)]
@@ -96,28 +87,19 @@ TENSOR_CASES = [c for c in BAD if isinstance(c[2], torch.Tensor)]
 @pytest.mark.parametrize("case", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
 def test_bad_input_same_error_under_fake_tensors(case):
     _, name, value, exc, _ = case
-    message = eager_error(name, value, exc)
-    with FakeTensorMode() as mode:
-        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
-                for t in bad_args(name, value)]
-        with pytest.raises(exc) as info:
-            OP(*fake)
-    assert str(info.value) == message
-
-
-def _compiled_call(*args):
-    return OP(*args)
+    args = bad_args(name, value)
+    assert_same_error_under_fake_tensors(OP, args, exc, message_of(exc, check_arguments, *args))
 
 
 @pytest.mark.parametrize("case", TENSOR_CASES[::2], ids=[c[0] for c in TENSOR_CASES[::2]])
 def test_bad_input_same_error_under_compile(case):
     _, name, value, exc, _ = case
-    message = eager_error(name, value, exc)
-    # Raised while tracing, by the fake implementation.
-    chain = errors_while_tracing(_compiled_call, *bad_args(name, value),
-                                 raises=torch._dynamo.exc.TorchRuntimeError)
-    original = [e for e in chain if type(e) is exc]
-    assert original and str(original[0]) == message, [repr(e) for e in chain]
+    args = bad_args(name, value)
+    assert_same_error_under_compile(OP, args, exc, message_of(exc, check_arguments, *args))
+
+
+def _compiled_call(*args):
+    return OP(*args)
 
 
 # ----------------------------------------------------------------------------------------------

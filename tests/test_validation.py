@@ -12,7 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import specops
 from specops.chain.arguments import check_arguments
 
-from tracing import errors_while_tracing  # tests/tracing.py
+from tracing import (assert_same_error_under_compile, assert_same_error_under_fake_tensors,  # tests/
+                     errors_while_tracing, message_of, with_one_changed)
 
 OP = torch.ops.specops.chain_speculative_sampling
 B, N, V = 3, 2, 5
@@ -84,21 +85,13 @@ ARG_ORDER = ["draft_probs", "draft_token_ids", "target_probs", "accepted_num", "
 
 
 def bad_args(name, value):
-    args = good_args()
-    args[name] = value
-    return [args[k] for k in ARG_ORDER]
-
-
-def eager_error(name, value, exc):
-    with pytest.raises(exc) as info:
-        OP(*bad_args(name, value))
-    return str(info.value)
+    return with_one_changed(good_args(), ARG_ORDER, name, value)
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_eager_message(case):
     _, name, value, exc, fragments = case
-    message = eager_error(name, value, exc)
+    message = message_of(exc, OP, *bad_args(name, value))
     for fragment in fragments:
         assert fragment in message, (fragment, message)
 
@@ -106,28 +99,19 @@ def test_bad_input_eager_message(case):
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_same_error_under_fake_tensors(case):
     _, name, value, exc, _ = case
-    message = eager_error(name, value, exc)
-    with FakeTensorMode() as mode:
-        fake = [mode.from_tensor(t) for t in bad_args(name, value)]
-        with pytest.raises(exc) as info:
-            OP(*fake)
-    assert str(info.value) == message
-
-
-def _compiled_call(*args):
-    return OP(*args)
+    args = bad_args(name, value)
+    assert_same_error_under_fake_tensors(OP, args, exc, message_of(exc, OP, *args))
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_same_error_under_compile(case):
     _, name, value, exc, _ = case
-    message = eager_error(name, value, exc)
-    # Raised while tracing by the fake implementation: the eager exception, with the eager
-    # message, is in the chain of causes.
-    chain = errors_while_tracing(_compiled_call, *bad_args(name, value),
-                                 raises=torch._dynamo.exc.TorchRuntimeError)
-    original = [e for e in chain if type(e) is exc]
-    assert original and str(original[0]) == message, [repr(e) for e in chain]
+    args = bad_args(name, value)
+    assert_same_error_under_compile(OP, args, exc, message_of(exc, OP, *args))
+
+
+def _compiled_call(*args):
+    return OP(*args)
 
 
 def test_mixed_devices_named():

@@ -1,11 +1,12 @@
-"""What a call that must fail at trace time raised: for the tests that bad input raises the same
-error under torch.compile as eagerly (tests/test_validation.py, test_tree_validation.py)."""
+"""Bad input raising the same error eagerly, under fake tensors and at trace time: what a call
+that must fail raised, for tests/test_validation.py and test_tree_validation.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def errors_while_tracing(function, *args, raises=Exception) -> list[BaseException]:
@@ -23,3 +24,32 @@ def errors_while_tracing(function, *args, raises=Exception) -> list[BaseExceptio
         chain.append(error)
         error = error.__cause__ or error.__context__
     return chain
+
+
+def with_one_changed(args: dict, order: list, name: str, value) -> list:
+    """``args`` in ``order``, ``args[name]`` replaced by ``value``."""
+    return [value if key == name else args[key] for key in order]
+
+
+def message_of(exc, function, *args) -> str:
+    """The message of the ``exc`` that ``function(*args)`` must raise."""
+    with pytest.raises(exc) as info:
+        function(*args)
+    return str(info.value)
+
+
+def assert_same_error_under_fake_tensors(function, args, exc, message) -> None:
+    """``function`` on fake copies of ``args`` raises ``exc`` with ``message``: the fake
+    implementation checks as the eager one does."""
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        assert message_of(exc, function, *fake) == message
+
+
+def assert_same_error_under_compile(function, args, exc, message) -> None:
+    """``function`` compiled raises while tracing, and the eager ``exc`` with the eager
+    ``message`` is in the chain of causes (raised by the fake implementation)."""
+    chain = errors_while_tracing(lambda *a: function(*a), *args,
+                                 raises=torch._dynamo.exc.TorchRuntimeError)
+    original = [e for e in chain if type(e) is exc]
+    assert original and str(original[0]) == message, [repr(e) for e in chain]
