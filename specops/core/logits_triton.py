@@ -58,6 +58,14 @@ def load_stats(stats, mask=True):
 
 
 @triton.jit
+def greedy_row(stats):
+    """(whether a row of logits is greedy, its token: the first index of its largest logit), from
+    the row's statistics at ``stats``."""
+    mode, peak, coef, limit, scale, index = load_stats(stats)
+    return mode == GREEDY, index
+
+
+@triton.jit
 def row_values(raw, LOGITS: tl.constexpr, peak, coef, limit, scale):
     """A row's values as the rules read them: the sanitised probabilities, or (LOGITS) the
     probabilities a sampled row's statistics give its logits."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
+from ...core.logits_triton import STATS, greedy_row, probabilities_at
 from ...core.philox import philox_uniform, split_int64
 from ...core.probs_triton import ABSENT
 from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
                                  race_start, race_token, store_race_partial, winning_token)
 from ...core.sums_triton import BIN_LANES, add_masses, to_float
+from ..drafts_triton import draft_probabilities
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
 # [b (N + 1) + t, s] with the race fields of core/race_triton.py (R_t-race key, p_t-race key, the
@@ -212,11 +213,9 @@ def block_row_pass_kernel(
     masses_row = masses_ptr + row * tl.cdiv(vocab, CHUNK)
     p_stats = target_stats_ptr + row * STATS
     q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(t, num_draft - 1)) * STATS
-    greedy = False
-    greedy_token = tl.zeros([], tl.int64)
+    greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
-        mode, peak, coef, limit, scale, greedy_token = load_stats(p_stats)
-        greedy = mode == GREEDY
+        greedy, greedy_token = greedy_row(p_stats)
     if greedy:  # p_t one-hot: its races from its one value, its token that one
         res_key, res_chunk, p_key, p_chunk = _greedy_races(
             row_q, greedy_token, k_begin, k_end, w_row, read_q, scaled, removed, race_slot0,
@@ -244,22 +243,11 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_dr
             LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Lanes t = 0..N of request b: the draft ids d (-1 past N), whether the draft has ended at t,
     and the alignment counter (token verification's coin at every position, judged alone)."""
-    t = tl.arange(0, BLOCK_N)
-    t64 = t.to(tl.int64)
-    is_draft = t < num_draft
-    d = tl.load(ids_ptr + b * stride_ib + t64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
-    valid = is_draft & (d >= 0) & (d < vocab)
+    t, is_draft, d, valid, p_d, q_d = draft_probabilities(
+        target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
+        LOGITS, DRAFT_LOGITS)
     length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
-    d_safe = tl.where(valid, d, 0)
-    p_d = probabilities_at(
-        tl.load(target_ptr + b * stride_tb + t64 * stride_tn + d_safe, mask=valid, other=ABSENT),
-        target_stats + (b * (num_draft + 1) + t64) * STATS, d, valid, LOGITS)
-    if HAS_DRAFT:
-        q_d = probabilities_at(
-            tl.load(draft_ptr + b * stride_db + t64 * stride_dn + d_safe, mask=valid, other=ABSENT),
-            draft_stats + (b * num_draft + t64) * STATS, d, valid, DRAFT_LOGITS)
-    else:
-        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
     coins = philox_uniform(t, stream, off_lo, off_hi, key_lo, key_hi)
     num_accepted = tl.sum((valid & (coins * q_d < p_d)).to(tl.int32), axis=0)
     return d, t >= length, num_accepted

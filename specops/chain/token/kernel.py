@@ -18,11 +18,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits_triton import GREEDY, STATS, load_stats, probabilities_at
+from ...core.logits_triton import STATS, greedy_row
 from ...core.philox import philox_uniform, split_int64
-from ...core.probs_triton import ABSENT
 from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
                                  race_start, race_token, store_race_partial, winning_token)
+from ..drafts_triton import draft_probabilities
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
@@ -38,21 +38,10 @@ def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, nu
     """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
     whether a valid draft token was rejected at e, that token (-1 when none)). With LOGITS (and
     DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
-    j = tl.arange(0, BLOCK_N)
-    j64 = j.to(tl.int64)
-    is_draft = j < num_draft
-    d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
-    valid = is_draft & (d >= 0) & (d < vocab)
-    d_safe = tl.where(valid, d, 0)  # invalid ids are never dereferenced (masked) anyway
-    p_d = probabilities_at(
-        tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid, other=ABSENT),
-        target_stats + (b * (num_draft + 1) + j64) * STATS, d, valid, LOGITS)
-    if HAS_DRAFT:
-        q_d = probabilities_at(
-            tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid, other=ABSENT),
-            draft_stats + (b * num_draft + j64) * STATS, d, valid, DRAFT_LOGITS)
-    else:
-        q_d = tl.full([BLOCK_N], 1.0, tl.float32)
+    j, is_draft, d, valid, p_d, q_d = draft_probabilities(
+        target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
+        LOGITS, DRAFT_LOGITS)
     # Slots 0..BLOCK_N-1 in one Philox call: the coins are slots 0..N-1 (lane j), and the cdf slot
     # is N (slots.py), so lane cdf_slot holds the inverse-CDF uniform.
     coins = philox_uniform(j, stream, off_lo, off_hi, key_lo, key_hi)
@@ -162,11 +151,9 @@ def chain_speculative_sampling_kernel(
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
     p_stats = target_stats_ptr + (b * (num_draft + 1) + e64) * STATS
     q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(e64, num_draft - 1)) * STATS
-    greedy = False
-    greedy_token = tl.zeros([], tl.int64)
+    greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
-        mode, peak, coef, limit, scale, greedy_token = load_stats(p_stats)
-        greedy = mode == GREEDY
+        greedy, greedy_token = greedy_row(p_stats)
     if greedy:  # the residual of a one-hot row has its mass at its token, or none: the token
         res_key = tl.where(program == 0, 0.0, float("inf")).to(tl.float64)
         p_key = tl.zeros([], tl.float64) + float("inf")
