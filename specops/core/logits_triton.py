@@ -177,27 +177,19 @@ def _mass(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _largest_floor_with_count(row, vocab, peak, coef, floor, k, CHUNK: tl.constexpr):
-    """The largest weight t >= floor with at least k weights >= t (the k-th largest kept
-    weight), by bisection over float32 bit patterns in [bits(floor), bits(1.0)]."""
+def _largest_floor(row, vocab, peak, coef, floor, goal, MASS: tl.constexpr, CHUNK: tl.constexpr):
+    """The largest weight t >= floor whose kept weights (those >= t) still reach ``goal``: at
+    least ``goal`` of them (top-k: the k-th largest kept weight) or, with MASS, a mass W(t) >=
+    goal (top-p); by bisection over float32 bit patterns in [bits(floor), bits(1.0)]."""
     lo = floor.to(tl.int32, bitcast=True)
-    hi = ONE_BITS + 1  # count(>= hi) is 0 < k
+    hi = ONE_BITS + 1  # no weight is >= hi
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        enough = _count(row, vocab, peak, coef, mid.to(tl.float32, bitcast=True), CHUNK) >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
-    return lo.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _largest_floor_with_mass(row, vocab, peak, coef, floor, goal, CHUNK: tl.constexpr):
-    """The largest weight t >= floor with W(t) >= goal, by bisection as above."""
-    lo = floor.to(tl.int32, bitcast=True)
-    hi = ONE_BITS + 1
-    while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        enough = _mass(row, vocab, peak, coef, mid.to(tl.float32, bitcast=True), CHUNK) >= goal
+        t = mid.to(tl.float32, bitcast=True)
+        if MASS:
+            enough = _mass(row, vocab, peak, coef, t, CHUNK) >= goal
+        else:
+            enough = _count(row, vocab, peak, coef, t, CHUNK) >= goal
         lo = tl.where(enough, mid, lo)
         hi = tl.where(enough, hi, mid)
     return lo.to(tl.float32, bitcast=True)
@@ -253,11 +245,10 @@ def row_statistics_kernel(
         floor = min_p
         if (top_k > 0) & (top_k < vocab):
             if _count(logits_row, vocab, peak, coef, floor, CHUNK) > top_k:
-                floor = _largest_floor_with_count(logits_row, vocab, peak, coef, floor, top_k,
-                                                  CHUNK)
+                floor = _largest_floor(logits_row, vocab, peak, coef, floor, top_k, False, CHUNK)
         if top_p < 1:
             goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, CHUNK)
-            floor = _largest_floor_with_mass(logits_row, vocab, peak, coef, floor, goal, CHUNK)
+            floor = _largest_floor(logits_row, vocab, peak, coef, floor, goal, True, CHUNK)
         mass = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
         if mass > 0:
