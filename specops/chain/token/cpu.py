@@ -6,7 +6,7 @@ work, and hands over to the reference's plain step 5 whenever a check fails (doc
 "Validation, backends, environment"):
   * a single request (B = 1) is decided on the host from its scalars, its uniforms drawn on Python
     ints, its rows read in place: at that size the fixed cost of each torch operation is most of
-    the cost, and it runs about 30 of them instead of about 270;
+    the cost, and it runs about 40 of them instead of about 270;
   * a batch draws its uniforms by ``randomness.request_uniforms_fast`` (the same bits from fewer
     operations) and forms each request's sampled row with fewer passes over memory.
 """
