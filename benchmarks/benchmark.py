@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 
 import specops
-from common import (DTYPES, copy_bandwidth, describe_device, eager_chain_sampling, make_inputs,
-                    needed_bytes, require_device, time_eager)
+from common import (DTYPES, add_threads_option, copy_bandwidth, describe_device,
+                    eager_chain_sampling, make_inputs, needed_bytes, require_device, time_eager,
+                    use_threads)
 from specops.progress import Progress
 
 
@@ -97,6 +98,7 @@ def grid(device: torch.device, quick: bool) -> list[tuple[int, int, int]]:
 
 
 def parse_args(argv=None):
+    """(the parser, the parsed arguments)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -104,8 +106,7 @@ def parse_args(argv=None):
     parser.add_argument("--point", type=int, nargs=3, metavar=("B", "N", "V"),
                         help="measure this one configuration instead of the grid")
     parser.add_argument("--out", default="results", help="directory for benchmark.csv and .png")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: stable figures on a shared machine)")
+    add_threads_option(parser)
     parser.add_argument("--loop-max-batch", type=int, default=64,
                         help="skip the per-request loop above this batch size (it is slow)")
     args = parser.parse_args(argv)
@@ -113,17 +114,14 @@ def parse_args(argv=None):
         for name, value in zip(("B", "N", "V"), args.point):
             if value < 1:
                 parser.error(f"--point {' '.join(map(str, args.point))}: {name} must be at least 1, got {value}")
-    if args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
-    return args
+    return parser, args
 
 
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    parser, args = parse_args(argv)
     device = require_device(args.device)
     dtype = DTYPES[args.dtype]
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    use_threads(parser, args.threads, device)
     min_time, max_reps = (0.02, 5) if args.quick else (0.5, 200) if device.type == "cpu" else (0.2, 500)
     rotate_bytes = (32 if args.quick else 256) * 2**20  # input copies per point up to this size
 

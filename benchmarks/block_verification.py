@@ -89,7 +89,9 @@ def tokens_per_call(device: torch.device) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    common.add_threads_option(parser)
     args = parser.parse_args()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = common.require_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    common.use_threads(parser, args.threads, device)
     cost(device)
     tokens_per_call(device)

@@ -42,6 +42,20 @@ def describe_device(device: torch.device) -> str:
     return f"CPU {platform.machine()} x{torch.get_num_threads()} thread(s)"
 
 
+def add_threads_option(parser) -> None:
+    """The scripts' ``--threads``: CPU threads for torch, one by default."""
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (default 1: stable figures on a shared machine)")
+
+
+def use_threads(parser, threads: int, device: torch.device) -> None:
+    """Apply ``--threads`` where the work runs on the CPU (a parser error below 1)."""
+    if threads < 1:
+        parser.error(f"--threads must be at least 1, got {threads}")
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+
+
 def require_device(name: str) -> torch.device:
     """The device ``name`` names, or SystemExit with one line saying why it cannot be used."""
     try:

@@ -115,14 +115,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small shape: a smoke test")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: stable figures on a shared machine)")
+    common.add_threads_option(parser)
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
     device = common.require_device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    common.use_threads(parser, args.threads, device)
     import specops
 
     gen = torch.Generator().manual_seed(0)

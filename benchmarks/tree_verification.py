@@ -148,12 +148,9 @@ if __name__ == "__main__":
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--quick", action="store_true", help="a tiny grid, for a smoke test")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: stable figures on a shared "
-                             "machine)")
+    common.add_threads_option(parser)
     args = parser.parse_args()
     device = common.require_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    common.use_threads(parser, args.threads, device)
     cost(device, args.quick)
     tokens_per_call(device, args.quick)
