@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphs import capture, warm_up  # tests/graphs.py
 from inputs import make_inputs, seeds  # tests/inputs.py
 
 import specops
@@ -58,15 +59,9 @@ def test_cuda_graph_capture_and_replay():
     def step_unseeded():
         return specops.chain_speculative_sampling(q, ids, target, acc, emit, verification="block")[0]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(), step_unseeded()
-    torch.cuda.current_stream().wait_stream(stream)
+    warm_up(step, step_unseeded)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     for new_offset in (0, 1, 2):
         offset.fill_(new_offset)
         acc.zero_()
@@ -76,9 +71,7 @@ def test_cuda_graph_capture_and_replay():
         ref = block_speculative_sampling_reference(q, ids, target, a_ref, e_ref, seed, offset)
         assert torch.equal(out, ref) and torch.equal(acc, a_ref) and torch.equal(emit, e_ref)
 
-    graph2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph2):
-        out2 = step_unseeded()
+    graph2, out2 = capture(step_unseeded)
     seen = set()
     for _ in range(4):
         graph2.replay()

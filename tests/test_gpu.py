@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphs import capture, warm_up  # tests/graphs.py
 from inputs import make_inputs, seeds  # tests/inputs.py
 
 import specops
@@ -139,17 +140,10 @@ def test_cuda_graph_capture_and_replay():
     def step_seeded():
         return torch.ops.specops.chain_speculative_sampling(q, ids, target, acc, emit, seed, offset)
 
-    # Warm up (compiles the kernel) on a side stream, as graph capture requires.
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step_unseeded(), step_seeded()
-    torch.cuda.current_stream().wait_stream(stream)
+    warm_up(step_unseeded, step_seeded)
 
     # No seed: every replay draws a fresh (seed, offset) on the device.
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step_unseeded()
+    graph, out = capture(step_unseeded)
     torch.manual_seed(0)
     first = []
     for _ in range(4):
@@ -164,9 +158,7 @@ def test_cuda_graph_capture_and_replay():
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # reproducible after re-seeding
 
     # Seed/offset tensors updated in place between replays: the graph follows them.
-    graph2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph2):
-        out2 = step_seeded()
+    graph2, out2 = capture(step_seeded)
     for new_offset in (0, 1, 2):
         offset.fill_(new_offset)
         acc.zero_()
@@ -190,14 +182,8 @@ def test_reference_backend_captures_in_cuda_graph(monkeypatch):
     def step():
         return torch.ops.specops.chain_speculative_sampling(q, ids, target, acc, emit, seed, offset)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # raises if anything synchronises with the host
-        out = step()
+    warm_up(step)
+    graph, out = capture(step)
     for new_offset in (0, 5):
         offset.fill_(new_offset)
         acc.zero_()
@@ -206,14 +192,6 @@ def test_reference_backend_captures_in_cuda_graph(monkeypatch):
         a_ref, e_ref = torch.zeros_like(acc), torch.zeros_like(emit)
         ref = chain_speculative_sampling_reference(q, ids, target, a_ref, e_ref, seed, offset)
         assert torch.equal(out, ref) and torch.equal(acc, a_ref) and torch.equal(emit, e_ref)
-
-
-def _warm_up(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
 
 
 def test_reduce_overhead_keeps_its_cuda_graph():
@@ -259,11 +237,8 @@ def test_user_generator_under_manual_capture():
     def step():
         return specops.chain_speculative_sampling(q, ids, target, acc, emit, generator=gen)[0]
 
-    _warm_up(step)
-    graph = torch.cuda.CUDAGraph()
-    graph.register_generator_state(gen)
-    with torch.cuda.graph(graph):
-        out = step()
+    warm_up(step)
+    graph, out = capture(step, gen)
     runs = []
     for _ in range(2):
         gen.manual_seed(5)
@@ -290,10 +265,8 @@ def test_seed_of_another_dtype_or_device_under_capture():
         return specops.chain_speculative_sampling(q, ids, target, acc, emit, seed=seed32,
                                                   offset=offset32)[0]
 
-    _warm_up(step)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    warm_up(step)
+    graph, out = capture(step)
     for k in (1, 2, 3):
         offset32.fill_(k)
         seed32[3] = 100 + k

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphs import capture, warm_up  # tests/graphs.py
 from inputs import full_tree, seeds, tree_inputs  # tests/inputs.py
 
 import specops
@@ -54,24 +55,16 @@ def test_cuda_graph_capture_and_replay():
     def step_unseeded():
         return specops.tree_speculative_sampling(None, d, par, p)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step(), step_unseeded()
-    torch.cuda.current_stream().wait_stream(stream)
+    warm_up(step, step_unseeded)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     for new_offset in (0, 1, 2):
         offset.fill_(new_offset)
         graph.replay()
         expected = tree_speculative_sampling_reference(q, d, par, p, seed, offset, False)
         assert all(torch.equal(a, b) for a, b in zip(out, expected))
 
-    graph2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph2):
-        out2 = step_unseeded()
+    graph2, out2 = capture(step_unseeded)
     seen = set()
     for _ in range(4):
         graph2.replay()
