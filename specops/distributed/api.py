@@ -79,6 +79,17 @@ def _check_device(device: torch.device, group, name: str) -> None:
                          f"{device}")
 
 
+def _opening(verification, target, target_name, accepted, emitted, seed, offset, generator,
+             group):
+    """The first local checks of every shard call: the public functions' opening (mode, target,
+    counters), the device for the group's backend, then the seed and offset as tensors:
+    (device, accepted, emitted, seed, offset)."""
+    device, accepted, emitted = opening_checks(verification, target, target_name, accepted,
+                                               emitted)
+    _check_device(device, group, target_name)
+    return (device, accepted, emitted, *resolve_seed_and_offset(seed, offset, generator, device))
+
+
 def _run(prepare, group, names, finish):
     """Local checks (``prepare``: the checked arguments and this rank's Record), the layout
     exchange, the seed, then ``finish(shard, arguments)``."""
@@ -157,11 +168,9 @@ def chain_speculative_sampling(
     """
 
     def prepare(group):
-        device, accepted, emitted = opening_checks(verification, target_probs, "target_probs",
-                                                   maybe_output_accepted_token_num,
-                                                   maybe_output_emitted_draft_token_num)
-        _check_device(device, group, "target_probs")
-        seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+        device, accepted, emitted, seed_t, offset_t = _opening(
+            verification, target_probs, "target_probs", maybe_output_accepted_token_num,
+            maybe_output_emitted_draft_token_num, seed, offset, generator, group)
         check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                         target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                         seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
@@ -223,11 +232,9 @@ def chain_speculative_sampling_from_logits(
     """
 
     def prepare(group):
-        device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
-                                                   maybe_output_accepted_token_num,
-                                                   maybe_output_emitted_draft_token_num)
-        _check_device(device, group, "target_logits")
-        seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+        device, accepted, emitted, seed_t, offset_t = _opening(
+            verification, target_logits, "target_logits", maybe_output_accepted_token_num,
+            maybe_output_emitted_draft_token_num, seed, offset, generator, group)
         parameters = {name: params.as_parameter(name, value, device, None)
                       for name, value in (("temperature", temperature), ("top_k", top_k),
                                           ("top_p", top_p), ("min_p", min_p))}
