@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .logits_triton import load_stats, row_values
 from .philox import philox_uniform
-from .probs_triton import ABSENT, sanitize, widen
+from .probs_triton import ABSENT, widen
 
 
 @triton.jit

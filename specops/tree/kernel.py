@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from ..core.philox import philox_uniform, split_int64
+from ..core.probs_triton import sanitize
 from ..core.race_triton import (keep_best, masses_p, masses_residual, race_group, race_start,
-                               race_token, sanitize)
+                               race_token)
 from ..core.sums_triton import BIN_LANES, add_masses, to_float
 
 
