@@ -80,25 +80,18 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
     """The token-verification kernel as the launcher would specialise it (``logits``: reading
     logits through their rows' statistics; ``draft_logits``: the draft's too)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
-    from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS
+    from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS, MAX_PROGRAMS_PER_REQUEST
     from specops.core.logits_launch import FROM_LOGITS_OPTIONS
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
-             "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+             "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK,
-                  "LOGITS": logits, "DRAFT_LOGITS": draft_logits}
+                  "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
+                  "BLOCK_P": MAX_PROGRAMS_PER_REQUEST}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
                               FROM_LOGITS_OPTIONS if logits else LAUNCH_OPTIONS)
-
-
-def compile_combine():
-    from specops.chain.token.kernel import combine_kernel
-    from specops.chain.token.launch import LAUNCH_OPTIONS, MAX_PROGRAMS_PER_REQUEST
-
-    return compile_for_hopper(combine_kernel, {"partials_ptr": "*fp64", "out_ptr": "*i32"},
-                              {"BLOCK_P": MAX_PROGRAMS_PER_REQUEST}, options=LAUNCH_OPTIONS)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,

@@ -100,7 +100,7 @@ def warmup(
                 args[:3] = [draft if source == "probs" else None, ids, target]
                 args.insert(3, draft if source == "logits" else None)
                 args += parameters
-            # Split over two programs too where V has two chunks: the combine kernels.
+            # Split over two programs too where V has two chunks (block: its scan kernel).
             for programs in (1, 2):
                 launchers[mode, logit](*args, programs)
             count += 1

@@ -89,6 +89,37 @@ def test_split_independence_gpu():
     assert all(torch.equal(o, outs[0]) for o in outs)
 
 
+def test_streams_and_graph_replays_keep_their_own_scratch():
+    """Split requests on two streams at once, and a captured graph replayed on a third while they
+    run: each call's tokens are the reference's, so no two share partials or arrival counts."""
+    batch, num_draft, vocab = 8, 3, 128256
+    inputs = [make_inputs(batch, num_draft, vocab, seed=s) for s in (1, 2, 3)]
+    acc, emit, seed, offset = op_args(batch)
+    expected = [chain_speculative_sampling_reference(q, ids, target, acc.clone(), emit.clone(),
+                                                     seed, offset) for q, ids, target in inputs]
+
+    def call(index):
+        q, ids, target = inputs[index]
+        return chain_speculative_sampling_triton(q, ids, target, acc.clone(), emit.clone(), seed,
+                                                 offset, programs=16)
+
+    warm_up(lambda: call(2))
+    graph, graph_out = capture(lambda: call(2))
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    outs = [[], []]
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for index, stream in enumerate(streams[:2]):
+            with torch.cuda.stream(stream):
+                outs[index].append(call(index))
+        with torch.cuda.stream(streams[2]):
+            graph.replay()
+    torch.cuda.synchronize()
+    for index in (0, 1):
+        assert all(torch.equal(out, expected[index]) for out in outs[index])
+    assert torch.equal(graph_out, expected[2])
+
+
 def test_large_index_no_overflow():
     # B * (N + 1) * V > 2**31 elements (bf16: ~4.3 GB): 64-bit offsets are needed.
     batch, num_draft, vocab = 4200, 3, 128256

@@ -67,14 +67,12 @@ for s in json.loads(sys.argv[1]):
     if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8 and "row_loops" in found:
         found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
     results.append(found)
-if len(sys.argv) > 2:
-    results.append(sass_budget.compile_report(sass_budget.compile_combine()))
 print(json.dumps(results))
 '''
 
 
-def run_specs(specs, with_combine):
-    return run_worker(WORKER, json.dumps(specs), *(["combine"] if with_combine else []))
+def run_specs(specs):
+    return run_worker(WORKER, json.dumps(specs))
 
 
 @pytest.fixture(scope="module")
@@ -83,26 +81,24 @@ def compiled():
     workers = max(1, min(4, os.cpu_count() or 1))
     shards = [specs[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:
-        outs = list(pool.map(lambda i: run_specs(shards[i], i == 0), range(workers)))
+        outs = list(pool.map(run_specs, shards))
     if any(isinstance(o, dict) and "skip" in o for o in outs):
         pytest.skip(outs[0]["skip"])
     results = {}
-    for i, (shard, out) in enumerate(zip(shards, outs)):
-        if i == 0:
-            results["combine"] = out.pop()
+    for shard, out in zip(shards, outs):
         for s, res in zip(shard, out):
             results[json.dumps(s, sort_keys=True)] = (s, res)
     return results
 
 
 def specialisations(compiled):
-    return [value for key, value in compiled.items() if key != "combine"]
+    return list(compiled.values())
 
 
 def test_every_specialisation_compiles_without_spills(compiled):
-    assert len(compiled) == len(all_specialisations()) + 1
-    for key, value in compiled.items():
-        assert_no_spills(value if key == "combine" else value[1], key)
+    assert len(compiled) == len(all_specialisations())
+    for key, (s, res) in compiled.items():
+        assert_no_spills(res, key)
 
 
 def test_row_loops_use_16_byte_loads(compiled):

@@ -82,6 +82,11 @@ def placeholder(device, dtype) -> torch.Tensor:
     return torch.empty(1, dtype=dtype, device=device)
 
 
+def current_stream(device: int):
+    """The driver's handle of the current stream on ``device``, what a launch is queued on."""
+    return triton.runtime.driver.active.get_current_stream(device)
+
+
 def direct_launch(*kernels: "TritonKernel") -> bool:
     """Whether these kernels may be launched without kernel[grid] now: no launch hooks, compile
     settings or pre-run hooks that kernel[grid] would honour (one question for a call's
@@ -151,7 +156,7 @@ class TritonKernel:
             args = (*args, *constexprs)
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
         kernel = compiled.kernel
-        stream = triton.runtime.driver.active.get_current_stream(compiled.device)
+        stream = current_stream(compiled.device)
         # The call CompiledKernel[grid] and JITFunction.run make, less the launch metadata and
         # hooks, which only launch hooks read (with hooks set, launches take kernel[grid] above).
         kernel.run(grid_x, grid_y, grid_z, stream, kernel.function, kernel.packed_metadata, None,

@@ -234,20 +234,22 @@ def store_race_partial(partial_ptr, res_key, p_key, token):
 
 
 @triton.jit
-def winning_token(partials_ptr, row, programs, FIELDS: tl.constexpr, BLOCK: tl.constexpr):
+def winning_token(partials_ptr, row, programs, FIELDS: tl.constexpr, BLOCK: tl.constexpr,
+                  SAME_LAUNCH: tl.constexpr):
     """The token of row ``row`` over the partial results of its ``programs`` programs (float64
     rows of FIELDS fields at partials_ptr[(row * programs + s) * FIELDS], race fields first): the
     residual race's winner when it has mass in any program, else the p race's (lowest key; ties:
-    lowest program, which holds the lower chunks); -1 when neither has mass."""
+    lowest program, which holds the lower chunks); -1 when neither has mass. SAME_LAUNCH: other
+    programs of this launch wrote them, so they are read past the SM's own cache."""
     s = tl.arange(0, BLOCK)
     in_range = s < programs
     partial = partials_ptr + (row * programs + s) * FIELDS
-    res_keys = tl.load(partial, mask=in_range, other=float("inf"))
-    p_keys = tl.load(partial + 1, mask=in_range, other=float("inf"))
+    res_keys = tl.load(partial, mask=in_range, other=float("inf"), volatile=SAME_LAUNCH)
+    p_keys = tl.load(partial + 1, mask=in_range, other=float("inf"), volatile=SAME_LAUNCH)
     use_res = tl.min(res_keys, axis=0) < float("inf")
     keys = tl.where(use_res, res_keys, p_keys)
     best = tl.min(keys, axis=0)
     winner = tl.min(tl.where(in_range & (keys == best), s, BLOCK), axis=0)
     token = tl.load(partials_ptr + (row * programs + winner) * FIELDS + 2, mask=best < float("inf"),
-                    other=-1.0)
+                    other=-1.0, volatile=SAME_LAUNCH)
     return token.to(tl.int32)

@@ -348,7 +348,7 @@ def block_scan_kernel(
     tau = _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
                BLOCK_N)
     token = winning_token(partials_ptr, b * (num_draft + 1) + tau, splits, PARTIAL_FIELDS,
-                          BLOCK_S)
+                          BLOCK_S, False)
     t = tl.arange(0, BLOCK_N)
     out = tl.where(t < tau, d.to(tl.int32), -1)
     out = tl.where(t == tau, token, out)

@@ -6,9 +6,10 @@ Grid (B, P): program (b, s) owns request b and the vocabulary chunks
 recomputes the acceptance of its request, makes one pass over its chunks of row e that computes
 only chunk masses, resolves both exponential races (residual and p) over them, then re-reads the
 one winning chunk for the inverse CDF.  With P == 1 the program writes the token; with P > 1 each
-program writes its local result to the partials tensor and ``combine_kernel`` picks the global
-winner (lowest key, ties to the lowest chunk).  A chunk's mass,
-key and token never depend on which program owns it, so the tokens do not depend on P.
+program writes its local result to the partials tensor and counts itself in, and the last of a
+request's programs to arrive picks the global winner (lowest key, ties to the lowest chunk).  A
+chunk's mass, key and token never depend on which program owns it, so the tokens do not depend on
+P.
 
 The algorithm is that of ``reference.py``, token for token.
 """
@@ -26,8 +27,8 @@ from ..drafts_triton import draft_probabilities
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
-# the race it used), then e, where the combined token goes.
-PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS + 1)
+# the race it used).
+PARTIAL_FIELDS = RACE_FIELDS
 
 
 @triton.jit
@@ -59,7 +60,8 @@ def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, nu
 def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
                                num_draft, stride_acc, stride_emit, BLOCK_N: tl.constexpr):
     """The owner program's writes that do not need the row: output[:e] = d, output[e+1:] = -1
-    (output[e] has one writer: the token store, or the combine kernel), and the counters."""
+    (output[e] has one writer: the token store, or the request's last program), and the
+    counters."""
     j = tl.arange(0, BLOCK_N)
     out = tl.where(j < e, d.to(tl.int32), -1)
     tl.store(out_ptr + b * (num_draft + 1) + j, out, mask=(j <= num_draft) & (j != e))
@@ -107,7 +109,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
-    "target_stats_ptr", "draft_stats_ptr", "num_draft",
+    "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "num_draft",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
     "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
 def chain_speculative_sampling_kernel(
@@ -120,6 +122,7 @@ def chain_speculative_sampling_kernel(
     offset_ptr,  # (1,) or (B,) int64
     out_ptr,  # (B, N+1) int32 contiguous
     partials_ptr,  # (B, P, PARTIAL_FIELDS) float64 when P > 1 (unused when P == 1)
+    arrivals_ptr,  # (B,) int32 when P > 1, zero before the launch and after it (unused when 1)
     target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
@@ -127,6 +130,7 @@ def chain_speculative_sampling_kernel(
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits.py)
+    BLOCK_P: tl.constexpr,  # the most programs per request, a power of 2
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     program = tl.program_id(1)
@@ -171,21 +175,13 @@ def chain_speculative_sampling_kernel(
         has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))
     else:
-        partial = partials_ptr + (b * programs + program) * PARTIAL_FIELDS
-        store_race_partial(partial, res_key, p_key, token)
-        tl.store(partial + RACE_FIELDS, e.to(tl.float64))
-
-
-@triton.jit(do_not_specialize=["partials_ptr", "out_ptr", "num_draft", "programs"])
-def combine_kernel(
-    partials_ptr,  # (B, P, PARTIAL_FIELDS) float64, written by the main kernel
-    out_ptr,  # (B, N+1) int32
-    num_draft, programs, BLOCK_P: tl.constexpr,
-):
-    """output[b, e] = the token of the global winner over the P partial results (lowest key;
-    ties: lowest program, which holds the lower chunks): the residual race when it has mass
-    anywhere, else the p race, else -1."""
-    b = tl.program_id(0).to(tl.int64)
-    token = winning_token(partials_ptr, b, programs, PARTIAL_FIELDS, BLOCK_P)
-    e = tl.load(partials_ptr + b * programs * PARTIAL_FIELDS + RACE_FIELDS).to(tl.int64)
-    tl.store(out_ptr + b * (num_draft + 1) + e, token)
+        store_race_partial(partials_ptr + (b * programs + program) * PARTIAL_FIELDS, res_key, p_key,
+                           token)
+        # Every thread's stores before the count, which releases them (gpu scope); the last
+        # program's count acquires all of them. It sets the count back to 0 for the next launch.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")  # scope: the GPU
+        if arrived == programs - 1:
+            token = winning_token(partials_ptr, b, programs, PARTIAL_FIELDS, BLOCK_P, True)
+            tl.store(out_ptr + b * (num_draft + 1) + e, token)
+            tl.store(arrivals_ptr + b, 0)

@@ -1,6 +1,6 @@
-"""Launching the token-verification kernels: programs per request from the launch model
-(``core/occupancy.py``), the output and, with P > 1, the row-pass partials, then one or two
-launches through ``core/launcher.py``."""
+"""Launching the token-verification kernel: programs per request from the launch model
+(``core/occupancy.py``), the output and, with P > 1, the stream's scratch for the row-pass
+partials (``core/workspace.py``), then one launch through ``core/launcher.py``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import functools
 import torch
 
 from ...core import occupancy
-from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.launcher import TritonKernel, alignment, current_stream, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
 from . import slots
-from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel, combine_kernel
+from ...core.workspace import scratch
+from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
 
-# Most programs per request: the combine kernel reads them in one block.
+# Most programs per request: a request's last program reads their partials in one block.
 MAX_PROGRAMS_PER_REQUEST = 256
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
@@ -25,7 +26,7 @@ GROUP = 128
 LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **LAUNCH_OPTIONS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
-COMBINE = TritonKernel(combine_kernel, **LAUNCH_OPTIONS)
+FIELDS = PARTIAL_FIELDS.value
 
 
 def block_n(num_draft: int) -> int:
@@ -60,8 +61,8 @@ def chain_speculative_sampling_triton(
     ``programs`` overrides the programs per request (tests use it to show the output does not
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
-    statistics (core/logits_launch.py). No host synchronisation; every tensor it allocates is
-    private to the call (safe on concurrent streams and in CUDA graphs).
+    statistics (core/logits_launch.py). No host synchronisation; the output is the call's own, the
+    scratch its stream's (safe on concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
@@ -91,10 +92,12 @@ def chain_speculative_sampling_triton(
     lanes, cdf_slot, race_slot0, chunks = _per_shape(num_draft, vocab)
     logits, draft_logits = target_stats is not None, draft_stats is not None
     no_stats = placeholder(out.device, torch.float64)
+    no_arrivals = placeholder(out.device, torch.int32)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
-    # HAS_DRAFT, BLOCK_N, GROUP, CHUNK, LOGITS, DRAFT_LOGITS
-    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE, logits, draft_logits)
+    # HAS_DRAFT, BLOCK_N, GROUP, CHUNK, LOGITS, DRAFT_LOGITS, BLOCK_P
+    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE, logits, draft_logits,
+                  MAX_PROGRAMS_PER_REQUEST)
     # What Triton specialises on beyond the checks (seed and offset int64): the other pointers'
     # dtypes, the row arguments' 16-byte alignment, and whether the unspecialised integers fit
     # in 32 bits.
@@ -105,8 +108,8 @@ def chain_speculative_sampling_triton(
            max(stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride) < 2**31)
     main = MAIN_FROM_LOGITS if logits else MAIN
     compiled = main.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
-                                   emitted_num, seed, offset, out, no_stats, target_stats,
-                                   draft_stats, num_draft, vocab,
+                                   emitted_num, seed, offset, out, no_stats, no_arrivals,
+                                   target_stats, draft_stats, num_draft, vocab,
                                    stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
                                    stride_in, stride_acc, stride_emit, seed_stride,
                                    offset_stride, int(seed_per_request), 1, cdf_slot, race_slot0),
@@ -118,25 +121,16 @@ def chain_speculative_sampling_triton(
     per_program = -(-chunks // max(1, min(programs, chunks, MAX_PROGRAMS_PER_REQUEST)))
     programs = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
     if programs > 1:
-        # The programs' partial results, combined by combine_kernel (kernel.py has the layout).
-        partials = torch.empty((batch, programs, PARTIAL_FIELDS), dtype=torch.float64,
-                               device=out.device)
+        # The programs' partial results (kernel.py has the layout) and their arrival counts.
+        stream = None if compiled is None else current_stream(compiled.device)
+        partials, arrivals = scratch(out.device, stream, batch * programs * FIELDS, batch)
     else:
-        partials = placeholder(out.device, torch.float64)
+        partials, arrivals = no_stats, no_arrivals
     args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-            partials, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn, stride_db,
-            stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride,
-            int(seed_per_request), per_program, cdf_slot, race_slot0)
-    if programs == 1:
-        main.launch((batch, 1), compiled, args, constexprs)
-        return out
-    direct = direct_launch(main, COMBINE)
-    main.launch((batch, programs), compiled, args, constexprs, direct)
-    combine = (partials, out, num_draft, programs)
-    # Every argument's dtype and specialisation is fixed: one specialisation per device.
-    combined = COMBINE.compiled((), combine, (MAX_PROGRAMS_PER_REQUEST,),
-                                compiled.device if compiled else None)
-    COMBINE.launch((batch,), combined, combine, (MAX_PROGRAMS_PER_REQUEST,), direct)  # BLOCK_P
+            partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
+            stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
+            offset_stride, int(seed_per_request), per_program, cdf_slot, race_slot0)
+    main.launch((batch, programs), compiled, args, constexprs)
     return out
 
 
