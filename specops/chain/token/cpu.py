@@ -116,25 +116,25 @@ def float32(rows: torch.Tensor) -> torch.Tensor:
 
 
 def one_row(draft_probs, target_probs, e: int, residual: bool, d_e: int):
-    """Step 5's row of a single request, (1, V) float32, as ``sampled_rows_fast`` forms it from
+    """Step 5's row of a single request, (V,) float32, as ``sampled_rows_fast`` forms it from
     rows read in place; None when its draft row is not clean."""
-    p_e = float32(target_probs.select(1, e))
+    p_e = float32(target_probs[0, e])
     if not residual:
         return p_e.clamp_min(0.0)
     if draft_probs is None:  # q_e is one-hot at d_e
         row = p_e.clamp_min(0.0)
-        row[0, d_e] = 0.0
+        row[d_e] = 0.0
         return row
-    q_e = float32(draft_probs.select(1, e))
+    q_e = float32(draft_probs[0, e])
     return torch.sub(p_e, q_e).clamp_min_(0.0) if is_clean(q_e) else None
 
 
 def chunk_mass_list(row: torch.Tensor) -> list[float]:
-    """``chunk_masses`` of a (1, V) row as a list: the same sums of the same views of the row, not
+    """``chunk_masses`` of a (V,) row as a list: the same sums of the same views of the row, not
     joined into a tensor first."""
-    full, tail = divmod(row.shape[1], CHUNK_SIZE)
-    whole = row.narrow(1, 0, full * CHUNK_SIZE).view(full, CHUNK_SIZE).sum(1).tolist()
-    return whole + row.narrow(1, full * CHUNK_SIZE, tail).sum(1).tolist() if tail else whole
+    full, tail = divmod(row.shape[0], CHUNK_SIZE)
+    whole = row[: full * CHUNK_SIZE].view(full, CHUNK_SIZE).sum(1).tolist()
+    return whole + [row[full * CHUNK_SIZE :].sum().item()] if tail else whole
 
 
 def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
@@ -163,23 +163,28 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     if row is None:
         return None
     masses = chunk_mass_list(row)
-    if not all(w < HALF_BOUND for w in masses) or (residual and not any(masses)):
+    # Masses are sums of values >= 0: their sum is below HALF_BOUND only when none is NaN or
+    # HALF_BOUND or more (a sum that reaches it from smaller masses takes the plain path too).
+    total = sum(masses)
+    if not total < HALF_BOUND or (residual and total == 0):
         return None
     token = -1  # p_e has no mass either
-    if any(masses):
+    if total > 0:
         # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
         # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
         # smallest) and the first smallest key.
         race = torch.frombuffer(array("d", u[slots.race_slot(num_draft, 0):]), dtype=torch.float64)
         keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
         start = keys.index(min(keys)) * CHUNK_SIZE
-        cdf = row[0, start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
+        cdf = row[start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
         threshold = u[slots.cdf_slot(num_draft)] * cdf[-1].item()
         token = start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
 
-    # Steps 4 and 6.
-    accepted_num.add_(_ONE, alpha=sum(accepted))
-    emitted_num.add_(_ONE, alpha=e)
+    # Steps 4 and 6 (adding 0 is no operation).
+    if any(accepted):
+        accepted_num.add_(_ONE, alpha=sum(accepted))
+    if e:
+        emitted_num.add_(_ONE, alpha=e)
     output = array("i", ids[:e] + [token] + [-1] * (num_draft - e))
     return torch.frombuffer(output, dtype=torch.int32).view(1, -1)  # cloned by the caller
 
