@@ -80,18 +80,17 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
     """The token-verification kernel as the launcher would specialise it (``logits``: reading
     logits through their rows' statistics; ``draft_logits``: the draft's too)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
-    from specops.chain.token.launch import GROUP, LAUNCH_OPTIONS, MAX_PROGRAMS_PER_REQUEST
-    from specops.core.logits_launch import FROM_LOGITS_OPTIONS
+    from specops.chain.token import launch
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
              "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": GROUP, "CHUNK": CHUNK,
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": launch.GROUP, "CHUNK": CHUNK,
                   "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
-                  "BLOCK_P": MAX_PROGRAMS_PER_REQUEST}
+                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
-                              FROM_LOGITS_OPTIONS if logits else LAUNCH_OPTIONS)
+                              (launch.MAIN_FROM_LOGITS if logits else launch.MAIN).options)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
@@ -99,29 +98,28 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
     """The block-verification row pass as its launcher would specialise it (``logits``,
     ``draft_logits``: as for compile_main)."""
     from specops.chain.block.kernel import block_row_pass_kernel
-    from specops.chain.block.launch import GROUP, LAUNCH_OPTIONS
-    from specops.core.logits_launch import FROM_LOGITS_OPTIONS
+    from specops.chain.block import launch
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
              "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
-    constexprs = {"HAS_DRAFT": draft, "GROUP": GROUP, "CHUNK": CHUNK, "LOGITS": logits,
+    constexprs = {"HAS_DRAFT": draft, "GROUP": launch.GROUP, "CHUNK": CHUNK, "LOGITS": logits,
                   "DRAFT_LOGITS": draft_logits}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned,
-                              FROM_LOGITS_OPTIONS if logits else LAUNCH_OPTIONS)
+                              (launch.ROW_PASS_FROM_LOGITS if logits else launch.ROW_PASS).options)
 
 
 def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
     """The tree kernel as its launcher would specialise it."""
     from specops.tree.kernel import tree_speculative_sampling_kernel
-    from specops.tree.launch import GROUP, LAUNCH_OPTIONS
+    from specops.tree import launch
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
              "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": GROUP, "CHUNK": CHUNK}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
     return compile_for_hopper(tree_speculative_sampling_kernel, types, constexprs, aligned,
-                              LAUNCH_OPTIONS)
+                              launch.KERNEL.options)
 
 
 @functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing
@@ -282,13 +280,13 @@ COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": com
 def compile_statistics(prob):
     """The row statistics kernel (verification from logits' first stage) as its launcher
     specialises it."""
-    from specops.core.logits_launch import LAUNCH_OPTIONS
+    from specops.core.logits_launch import STATISTICS
     from specops.core.logits_triton import row_statistics_kernel
 
     types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
              "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
     return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK}, True,
-                              LAUNCH_OPTIONS)
+                              STATISTICS.options)
 
 
 def statistics_budget(prob: str, kernel=None) -> list[dict]:

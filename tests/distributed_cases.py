@@ -435,6 +435,7 @@ def nccl_graph(rank, world):
     """A call captured in a CUDA graph with its NCCL collectives: replays give the eager tokens,
     and follow seeds and offsets updated in place."""
     import specops.distributed as sd
+    from graphs import capture, warm_up  # tests/graphs.py
 
     width, device = 2048, torch.device("cuda", rank)
     vocab = width * world - 100  # the last shard padded
@@ -455,14 +456,8 @@ def nccl_graph(rank, world):
                 draft_shard, ids, target_shard, accepted, emitted, seed=seeds, offset=offsets,
                 verification=verification, vocab_start=start, vocab_size=vocab)[0]
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            eager = step().clone()  # warm-up: checks the layout, which capture cannot
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = step()
+        (eager,) = warm_up(lambda: step().clone())  # checks the layout, which capture cannot
+        graph, captured = capture(step)
         graph.replay()
         same = torch.equal(captured, eager)
         offsets += 1

@@ -36,7 +36,7 @@ WORKER = r'''
 import inspect, json, sys
 from triton.compiler import ASTSource
 import sass_budget  # benchmarks/
-from specops.chain.block.launch import LAUNCH_OPTIONS, MAX_SPLITS
+from specops.chain.block.launch import MAX_SPLITS, SCAN
 from specops.chain.block.kernel import block_scan_kernel
 
 if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
@@ -52,7 +52,7 @@ def compile_scan(prob, draft, block_n, logits=False):
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024,
                   "LOGITS": logits, "DRAFT_LOGITS": logits and draft}
     return sass_budget.compile_for_hopper(block_scan_kernel, types, constexprs,
-                                          options=LAUNCH_OPTIONS)
+                                          options=SCAN.options)
 
 
 row_specs, scan_specs = json.loads(sys.argv[1])

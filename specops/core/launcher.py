@@ -58,6 +58,16 @@ else:  # releases before the knobs module: hooks on CompiledKernel, debug from t
                 or os.environ.get("TRITON_DEBUG", "0") == "1")
 
 
+def build_options(num_warps: int, **more) -> dict:
+    """How every sampler's kernels are built: ``num_warps`` warps, one stage, and no multiply-add
+    contraction, so that every float operation rounds as the torch reference's does."""
+    return {"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": False, **more}
+
+
+# Row passes over 1024-value chunks: 128 threads x 8 values, 16-byte loads even for bf16/fp16.
+FOUR_WARPS = build_options(4)
+
+
 def alignment(addresses: tuple, ints: tuple) -> object:
     """What Triton specialises pointer addresses (16-byte alignment) and integers (16-divisibility,
     the value 1, the 32-bit range) on, as one small hashable value: True when every address and

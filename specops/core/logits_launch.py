@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import TritonKernel, alignment
+from .launcher import TritonKernel, alignment, build_options
 from .logits_triton import row_statistics_kernel
 from .race import CHUNK_SIZE
 
@@ -14,11 +14,10 @@ STATS_FIELDS = 6  # logits_triton.STATS
 # kernel): a row loop then does about twice the work per value of one reading probabilities
 # (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each chunk's block
 # reduction among twice the values (docs/kernel.md, the instruction budget).
-FROM_LOGITS_OPTIONS = {"num_warps": 2, "num_stages": 1, "enable_fp_fusion": False}
+FROM_LOGITS_OPTIONS = build_options(2)
 # The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers
 # and spills around the bisections' bookkeeping, and with a cap of 128 it takes what it needs.
-LAUNCH_OPTIONS = {**FROM_LOGITS_OPTIONS, "maxnreg": 128}
-STATISTICS = TritonKernel(row_statistics_kernel, **LAUNCH_OPTIONS)
+STATISTICS = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=128))
 
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

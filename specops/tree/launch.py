@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from ..core.launcher import TritonKernel, alignment
+from ..core.launcher import FOUR_WARPS, TritonKernel, alignment
 from ..core.race import CHUNK_SIZE
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# How the kernel is built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
-# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16. No multiply-add
-# contraction, so every float operation rounds as the torch reference's does.
-LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
-KERNEL = TritonKernel(tree_speculative_sampling_kernel, **LAUNCH_OPTIONS)
+# benchmarks/sass_budget.py compiles the kernel with its options, read from this.
+KERNEL = TritonKernel(tree_speculative_sampling_kernel, **FOUR_WARPS)
 
 
 def block_m(num_nodes: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...core import occupancy
-from ...core.launcher import TritonKernel, alignment, direct_launch, placeholder
+from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, direct_launch, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
 from . import slots
@@ -17,14 +17,10 @@ MAX_SPLITS = 256  # most programs one row is split over (a power of two: the sca
 # Chunks whose masses a program holds at once (of 128 threads, one float32 and race each for half
 # of them: at 128, ptxas gave one variant 88 registers instead of about 64).
 GROUP = 64
-# How the kernels are built (benchmarks/sass_budget.py compiles with the same options): 4 warps,
-# 128 threads x 8 values of a 1024-value chunk, 16-byte loads even for bf16/fp16 (the row pass
-# reading logits: FROM_LOGITS_OPTIONS, 2 warps). No multiply-add contraction, so every float
-# operation rounds as the torch reference's does.
-LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
-ROW_PASS = TritonKernel(block_row_pass_kernel, **LAUNCH_OPTIONS)
+# benchmarks/sass_budget.py compiles each kernel with its options, read from these.
+ROW_PASS = TritonKernel(block_row_pass_kernel, **FOUR_WARPS)
 ROW_PASS_FROM_LOGITS = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_OPTIONS)
-SCAN = TritonKernel(block_scan_kernel, **LAUNCH_OPTIONS)
+SCAN = TritonKernel(block_scan_kernel, **FOUR_WARPS)
 
 
 def block_speculative_sampling_triton(

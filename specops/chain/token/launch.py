@@ -9,22 +9,19 @@ import functools
 import torch
 
 from ...core import occupancy
-from ...core.launcher import TritonKernel, alignment, current_stream, placeholder
+from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, current_stream, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
 from ...core.race import CHUNK_SIZE, num_chunks
-from . import slots
 from ...core.workspace import scratch
+from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
 
 # Most programs per request: a request's last program reads their partials in one block.
 MAX_PROGRAMS_PER_REQUEST = 256
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# How the kernels are built (benchmarks/sass_budget.py compiles with the same options; the main
-# kernel reading logits: FROM_LOGITS_OPTIONS, 2 warps). No multiply-add contraction, so every
-# float operation rounds as the torch reference's does.
-LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False}
-MAIN = TritonKernel(chain_speculative_sampling_kernel, **LAUNCH_OPTIONS)
+# benchmarks/sass_budget.py compiles each kernel with its options, read from these.
+MAIN = TritonKernel(chain_speculative_sampling_kernel, **FOUR_WARPS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
 FIELDS = PARTIAL_FIELDS.value
 
