@@ -76,7 +76,7 @@ def make_entries(batch, num_draft, vocab, device):
         "public, seed None": lambda: public(draft, ids, target, acc, emit),
         "registered op": lambda: OP(draft, ids, target, acc, emit, seed, offset),
         "piece: launcher alone": lambda: chain_speculative_sampling_triton(
-            draft, ids, target, acc, emit, seed, offset),
+            draft, ids, target, acc, emit, seed, offset, plain_eager=True),
         "piece: argument checks": lambda: (check_arguments(names=PUBLIC_NAMES, **tensors),
                                            check_counters_apart(accepted_num=acc,
                                                                 emitted_num=emit)),
@@ -96,7 +96,7 @@ def launch_of(*args):
     real = launch.MAIN.launch
     launch.MAIN.launch = lambda *launch_args: seen.append(launch_args) or real(*launch_args)
     try:
-        chain_speculative_sampling_triton(*args)
+        chain_speculative_sampling_triton(*args, plain_eager=True)
     finally:
         launch.MAIN.launch = real
     (launch_args,) = seen

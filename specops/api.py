@@ -116,7 +116,7 @@ def chain_speculative_sampling(
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
     if eager:
         output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
-                              seed_t, offset_t, PUBLIC_NAMES)
+                              seed_t, offset_t, PUBLIC_NAMES, plain_eager=True)
         return output, accepted, emitted
     output = verifier.registered.op(draft_probs, draft_token_ids, target_probs, accepted, emitted,
                                     seed_t, offset_t, deterministic)
@@ -186,7 +186,7 @@ def chain_speculative_sampling_from_logits(
     args = (draft_probs, draft_token_ids, target_logits, draft_logits, accepted, emitted, seed_t,
             offset_t, *parameters.values())
     if eager:
-        return verifier.run(*args, names=LOGITS_NAMES), accepted, emitted
+        return verifier.run(*args, names=LOGITS_NAMES, plain_eager=True), accepted, emitted
     return verifier.registered.op(*args), accepted, emitted
 
 

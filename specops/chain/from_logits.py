@@ -101,7 +101,7 @@ def register_logits_verifier(qualname: str, backends: Backends) -> LogitsVerifie
 
     def run(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
             emitted_num, seed, offset, temperature, top_k, top_p, min_p,
-            names: LogitsNames = OP_NAMES):
+            names: LogitsNames = OP_NAMES, plain_eager: bool = False):
         torch._C._increment_version((accepted_num, emitted_num))
         if validation_enabled():
             check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
@@ -109,7 +109,7 @@ def register_logits_verifier(qualname: str, backends: Backends) -> LogitsVerifie
                                      min_p=min_p), names)
         return backends.run(target_logits.device, draft_probs, draft_token_ids, target_logits,
                             draft_logits, accepted_num, emitted_num, seed, offset, temperature,
-                            top_k, top_p, min_p)
+                            top_k, top_p, min_p, plain_eager=plain_eager)
 
     def checked(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
                 emitted_num, seed, offset, temperature, top_k, top_p, min_p):

@@ -28,7 +28,9 @@ class Verifier(NamedTuple):
 
     registered: RegisteredOp
     # run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
-    #     names=OP_NAMES): value checks when enabled, then the selected backend.
+    #     names=OP_NAMES, plain_eager=False): value checks when enabled, then the selected
+    #     backend; plain_eager: the public function's call that nothing records (the launchers
+    #     may then keep scratch between calls).
     run: Callable[..., torch.Tensor]
 
 
@@ -37,14 +39,14 @@ def register_verifier(qualname: str, backends: Backends) -> Verifier:
     entry. Each backend takes the seven tensor arguments of the schema."""
 
     def run(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed, offset,
-            names: ArgumentNames = OP_NAMES):
+            names: ArgumentNames = OP_NAMES, plain_eager: bool = False):
         # The counters change in place: tell autograd, as an in-place torch op would (a kernel
         # writes them behind torch's back; on the op's path custom_op bumps them too, harmlessly).
         torch._C._increment_version((accepted_num, emitted_num))
         if validation_enabled():
             check_values(draft_probs, draft_token_ids, target_probs, names)
         return backends.run(target_probs.device, draft_probs, draft_token_ids, target_probs,
-                            accepted_num, emitted_num, seed, offset)
+                            accepted_num, emitted_num, seed, offset, plain_eager=plain_eager)
 
     def checked(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
                 offset):

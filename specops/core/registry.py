@@ -48,11 +48,12 @@ class Backends(NamedTuple):
     cpu: Callable
     triton: Callable[[], Callable]
 
-    def run(self, device: torch.device, *args):
-        """The backend ``SPECOPS_BACKEND`` selects for tensors on ``device``, called on ``args``."""
+    def run(self, device: torch.device, *args, **triton_options):
+        """The backend ``SPECOPS_BACKEND`` selects for tensors on ``device``, called on ``args``
+        (and the Triton launcher on ``triton_options`` too)."""
         if selected_backend(device) == "triton":
             try:
-                return self.triton()(*args)
+                return self.triton()(*args, **triton_options)
             except RuntimeError as error:
                 if "active drivers" in str(error):
                     raise triton_unavailable_error(device) from error

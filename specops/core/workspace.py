@@ -1,14 +1,18 @@
-"""Scratch memory a launch needs but does not return, kept per device and stream between calls.
+"""Scratch memory a launch needs but does not return: the row-pass partials and the arrival counts
+of token verification (zero before a launch; each launch sets the ones it used back to zero).
 
-Work on one stream runs in order, so every call on a stream may reuse that stream's scratch; two
-streams never share it. The arrival counts must be zero before a launch: they are zeroed once when
-allocated, and every launch sets the ones it used back to zero. Under CUDA graph capture a call
-allocates its own (the graph's pool; the zeroing is part of the graph), so a replay never shares
-scratch with eager calls or with another graph.
+A plain eager call of a public function keeps its scratch between calls, per thread, device and
+stream: work on one stream runs in order, so the calls on a stream may share it, and two streams
+never do. Any other call allocates its own (the counts zeroed by a fill): a call that something
+may record runs where allocations can belong to a graph's private memory pool, which must not
+outlive the graph or be shared with it: under CUDA graph capture, and in a ``torch.compile``d
+graph whose warm-up runs before its capture (``mode="reduce-overhead"``) with its allocations
+already drawn from that pool.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import torch
@@ -19,7 +23,7 @@ class Scratch(NamedTuple):
     arrivals: torch.Tensor  # int32 (rows or more,), zero between launches
 
 
-_SCRATCH: dict = {}  # (device, stream) -> Scratch
+_KEPT = threading.local()  # .scratch: {(device, stream): Scratch} of this thread's plain calls
 
 
 def _allocate(device: torch.device, partials: int, rows: int) -> Scratch:
@@ -27,16 +31,20 @@ def _allocate(device: torch.device, partials: int, rows: int) -> Scratch:
                    torch.zeros(rows, dtype=torch.int32, device=device))
 
 
-def scratch(device: torch.device, stream, partials: int, rows: int) -> Scratch:
+def scratch(device: torch.device, stream, partials: int, rows: int, keep: bool) -> Scratch:
     """Scratch of at least ``partials`` float64 values and ``rows`` zero counts for a launch on
-    ``stream`` (the driver's handle of the current stream) of ``device``."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    ``stream`` (the driver's handle of the current stream) of ``device``: kept between calls where
+    ``keep`` (a plain eager call) and no CUDA graph is being captured, else the call's own."""
+    if not keep or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return _allocate(device, partials, rows)
+    kept = getattr(_KEPT, "scratch", None)
+    if kept is None:
+        kept = _KEPT.scratch = {}
     key = (device, stream)
-    kept = _SCRATCH.get(key)
-    if kept is None or kept.partials.numel() < partials or kept.arrivals.numel() < rows:
+    found = kept.get(key)
+    if found is None or found.partials.numel() < partials or found.arrivals.numel() < rows:
         # Grown to a power of 2, so that a few sizes serve every batch. The old scratch goes back
         # to the caching allocator, which hands it out on this stream only, after the queued work.
-        kept = _SCRATCH[key] = _allocate(device, 1 << (partials - 1).bit_length(),
-                                         1 << (rows - 1).bit_length())
-    return kept
+        found = kept[key] = _allocate(device, 1 << (partials - 1).bit_length(),
+                                      1 << (rows - 1).bit_length())
+    return found

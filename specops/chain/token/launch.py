@@ -51,6 +51,7 @@ def chain_speculative_sampling_triton(
     programs: int | None = None,
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
+    plain_eager: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
@@ -58,8 +59,9 @@ def chain_speculative_sampling_triton(
     ``programs`` overrides the programs per request (tests use it to show the output does not
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
-    statistics (core/logits_launch.py). No host synchronisation; the output is the call's own, the
-    scratch its stream's (safe on concurrent streams and in CUDA graphs).
+    statistics (core/logits_launch.py). No host synchronisation. The output is the call's own;
+    with P > 1 the partials are the stream's scratch where ``plain_eager`` (the public function's
+    call that nothing records), else the call's own too (core/workspace.py says why).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
@@ -120,7 +122,8 @@ def chain_speculative_sampling_triton(
     if programs > 1:
         # The programs' partial results (kernel.py has the layout) and their arrival counts.
         stream = None if compiled is None else current_stream(compiled.device)
-        partials, arrivals = scratch(out.device, stream, batch * programs * FIELDS, batch)
+        partials, arrivals = scratch(out.device, stream, batch * programs * FIELDS, batch,
+                                     keep=plain_eager)
     else:
         partials, arrivals = no_stats, no_arrivals
     args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
