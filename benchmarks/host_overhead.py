@@ -69,8 +69,17 @@ def make_entries(batch, num_draft, vocab, device):
     tensors = dict(draft_probs=draft, draft_token_ids=ids, target_probs=target, accepted_num=acc,
                    emitted_num=emit, seed=seed, offset=offset)
     public = specops.chain_speculative_sampling
-    return {
+
+    def step(*args):
+        return public(*args[:5], seed=args[5], offset=args[6])[0]
+
+    # What a torch.compile'd step pays per call: its guards and wrappers, and the registered op,
+    # which is what the compiled graph calls.
+    compiled = torch.compile(step, fullgraph=True)
+    entries = {
         "bare launch (unit)": lambda: bare_kernel[(1,)](x, y, 3),
+        "public, torch.compile (inductor)": lambda: compiled(draft, ids, target, acc, emit, seed,
+                                                             offset),
         "public, seed tensor": lambda: public(draft, ids, target, acc, emit, seed=seed, offset=offset),
         "public, seed int": lambda: public(draft, ids, target, acc, emit, seed=1234),
         "public, seed None": lambda: public(draft, ids, target, acc, emit),
@@ -87,6 +96,23 @@ def make_entries(batch, num_draft, vocab, device):
         "piece: output allocation": lambda: torch.empty((batch, num_draft + 1), dtype=torch.int32,
                                                         device=device),
     }
+    if device.type == "cuda":  # a replay's host time: the graph holds the launches alone
+        entries["public, CUDA graph replay"] = captured(
+            lambda: step(draft, ids, target, acc, emit, seed, offset)).replay
+    return entries
+
+
+def captured(call) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``call()``, after a first call on a side stream (as capture requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
 
 
 def launch_of(*args):

@@ -392,6 +392,7 @@ def test_host_overhead_benchmark_runs():
                            "--calls", "2"], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for entry in ("bare launch (unit)", "public, seed tensor", "public, seed int",
-                  "public, seed None", "registered op", "modules loaded after warm-up: 0"):
+    for entry in ("bare launch (unit)", "public, torch.compile (inductor)", "public, seed tensor",
+                  "public, seed int", "public, seed None", "registered op",
+                  "modules loaded after warm-up: 0"):
         assert entry in proc.stdout, proc.stdout
