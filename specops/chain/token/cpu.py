@@ -181,8 +181,9 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
         token = start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
 
     # Steps 4 and 6 (adding 0 is no operation).
-    if any(accepted):
-        accepted_num.add_(_ONE, alpha=sum(accepted))
+    num_accepted = sum(accepted)
+    if num_accepted:
+        accepted_num.add_(_ONE, alpha=num_accepted)
     if e:
         emitted_num.add_(_ONE, alpha=e)
     output = array("i", ids[:e] + [token] + [-1] * (num_draft - e))

@@ -1,6 +1,7 @@
 """Launching the token-verification kernel: programs per request from the launch model
-(``core/occupancy.py``), the output and, with P > 1, the stream's scratch for the row-pass
-partials (``core/workspace.py``), then one launch through ``core/launcher.py``."""
+(``core/occupancy.py``), the output and, with P > 1, scratch for the row-pass partials and
+arrival counts (``core/workspace.py``: the stream's for a plain eager call, else the call's own),
+then one launch through ``core/launcher.py``."""
 
 from __future__ import annotations
 
