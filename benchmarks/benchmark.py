@@ -3,6 +3,7 @@
     python benchmarks/benchmark.py                      # default grid (~2-3 minutes on a 2-core CPU)
     python benchmarks/benchmark.py --quick              # smoke test (seconds)
     python benchmarks/benchmark.py --point 64 4 32000   # one (B, N, V)
+    python benchmarks/benchmark.py --point 1 4 32000 --rounds 9   # interleaved rounds, for ratios
 
 Implementations compared on the same inputs:
   specops     specops.chain_speculative_sampling (the registered op)
@@ -11,7 +12,9 @@ Implementations compared on the same inputs:
   floor       torch.sum over the (B, 2, V) rows the op may need: one read of the needed bytes
   flashinfer  flashinfer.sampling.chain_speculative_sampling, when importable (CUDA only)
 
-For each it reports the median latency, the bytes the op must move in the worst case (per request
+For each it reports the median latency (with ``--rounds R``, the median of R rounds in which the
+implementations take turns in a new order, so that a drift of the machine's speed reaches all of
+them alike), the bytes the op must move in the worst case (per request
 the 2N scalars p_j[d_j], q_j[d_j], the rows p_e and q_e, the ids and the output; see
 common.needed_bytes), and that traffic as a fraction of the bandwidth of a large tensor copy
 measured on the same device. Writes results/benchmark.csv and, when the points form a sweep,
@@ -23,6 +26,8 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -107,6 +112,9 @@ def parse_args(argv=None):
                         help="measure this one configuration instead of the grid")
     parser.add_argument("--out", default="results", help="directory for benchmark.csv and .png")
     add_threads_option(parser)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds per point, the implementations taking turns in a new order "
+                             "each round; each figure is the median of its rounds (default 1)")
     parser.add_argument("--loop-max-batch", type=int, default=64,
                         help="skip the per-request loop above this batch size (it is slow)")
     args = parser.parse_args(argv)
@@ -114,6 +122,8 @@ def parse_args(argv=None):
         for name, value in zip(("B", "N", "V"), args.point):
             if value < 1:
                 parser.error(f"--point {' '.join(map(str, args.point))}: {name} must be at least 1, got {value}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     return parser, args
 
 
@@ -136,7 +146,8 @@ def main(argv=None) -> list[dict]:
     points = [tuple(args.point)] if args.point else grid(device, args.quick)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    with Progress(len(points) * len(impls), "benchmark") as bar:
+    turns = random.Random(0)
+    with Progress(len(points) * len(impls) * args.rounds, "benchmark") as bar:
         for batch, num_draft, vocab in points:
             per_set = 2 * batch * (num_draft + 1) * vocab * (torch.finfo(dtype).bits // 8)
             count = max(1, min(64, rotate_bytes // per_set))
@@ -148,12 +159,20 @@ def main(argv=None) -> list[dict]:
                 "offset": torch.tensor([0], device=device),
             }
             moved = needed_bytes(batch, num_draft, vocab, dtype)
-            for name, fn in impls.items():
-                bar.update(note=f"B={batch} V={vocab} {name}")
-                if name == "loop" and (batch > args.loop_max_batch or device.type != "cpu" and batch > 16):
-                    continue
-                seconds = time_eager(lambda i: fn(*inputs[i], state), count, device,
-                                     min_time=min_time, max_reps=max_reps)
+            measured = {name: [] for name, fn in impls.items()
+                        if not (name == "loop" and (batch > args.loop_max_batch
+                                                    or device.type != "cpu" and batch > 16))}
+            for _ in range(args.rounds):
+                order = list(measured)
+                if args.rounds > 1:
+                    turns.shuffle(order)
+                for name in order:
+                    bar.update(note=f"B={batch} V={vocab} {name}")
+                    fn = impls[name]
+                    measured[name].append(time_eager(lambda i: fn(*inputs[i], state), count, device,
+                                                     min_time=min_time, max_reps=max_reps))
+            for name, times in measured.items():
+                seconds = statistics.median(times)
                 rows.append({
                     "device": describe_device(device), "dtype": args.dtype, "batch": batch,
                     "num_draft": num_draft, "vocab": vocab, "impl": name,
@@ -199,8 +218,12 @@ def print_table(rows: list[dict]) -> None:
 
 
 def print_ratios(rows: list[dict]) -> None:
-    """The CPU targets, at B=64, N=4, V=32000 when that point was measured."""
+    """The CPU targets, at B=64 and B=1 (N=4, V=32000) where those points were measured."""
     by_key = {(r["batch"], r["num_draft"], r["vocab"], r["impl"]): r["latency_us"] for r in rows}
+    if (1, 4, 32000, "loop") in by_key:
+        print(f"B=1 N=4 V=32000: specops / loop = "
+              f"{by_key[(1, 4, 32000, 'specops')] / by_key[(1, 4, 32000, 'loop')]:.3f}"
+              " (CPU target: <= 0.25)")
     if (64, 4, 32000, "specops") not in by_key:
         return
     spec = by_key[(64, 4, 32000, "specops")]

@@ -67,6 +67,9 @@ def test_benchmark_rejects_an_empty_point_in_one_line():
     proc = run_script([str(BENCH / "benchmark.py"), "--point", "0", "4", "100", "--out", "/nonexistent"], 60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--point 0 4 100: B must be at least 1, got 0" in proc.stderr
+    proc = run_script([str(BENCH / "benchmark.py"), "--rounds", "0", "--out", "/nonexistent"], 60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--rounds must be at least 1, got 0" in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")

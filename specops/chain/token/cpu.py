@@ -34,7 +34,8 @@ from . import reference, slots
 # least half of it, so with clean draft values below HALF_BOUND every such row has a chunk mass of
 # HALF_BOUND or more: those rows, and rows of such masses, take the plain path.
 HALF_BOUND = PROBABILITY_BOUND / 2
-_ONE = torch.ones((), dtype=torch.int64)  # adding k * _ONE in place wraps no Python number
+# Adding k * one of the counter's own dtype in place wraps no Python number and promotes no type.
+_ONES = {dtype: torch.ones((), dtype=dtype) for dtype in (torch.int32, torch.int64)}
 
 
 def is_clean(rows: torch.Tensor) -> bool:
@@ -183,9 +184,9 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     # Steps 4 and 6 (adding 0 is no operation).
     num_accepted = sum(accepted)
     if num_accepted:
-        accepted_num.add_(_ONE, alpha=num_accepted)
+        accepted_num.add_(_ONES[accepted_num.dtype], alpha=num_accepted)
     if e:
-        emitted_num.add_(_ONE, alpha=e)
+        emitted_num.add_(_ONES[emitted_num.dtype], alpha=e)
     output = array("i", ids[:e] + [token] + [-1] * (num_draft - e))
     return torch.frombuffer(output, dtype=torch.int32).view(1, -1)  # cloned by the caller
 
