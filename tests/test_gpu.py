@@ -89,6 +89,21 @@ def test_split_independence_gpu():
     assert all(torch.equal(o, outs[0]) for o in outs)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_device_that_is_not_current():
+    q, ids, target = make_inputs(4, 3, 5000, seed=6)
+    acc, emit, seed, offset = op_args(4)
+    expected = specops.chain_speculative_sampling(q, ids, target, acc.clone(), emit.clone(),
+                                                  seed=seed, offset=offset)[0]
+    other = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        out = specops.chain_speculative_sampling(
+            q.to(other), ids.to(other), target.to(other), acc.to(other), emit.to(other),
+            seed=seed.to(other), offset=offset.to(other))[0]
+        assert torch.cuda.current_device() == 0
+    assert out.device == other and torch.equal(out.cpu(), expected.cpu())
+
+
 def test_streams_and_graph_replays_keep_their_own_scratch():
     """Split requests on two streams at once, each plain eager call keeping its stream's scratch,
     and a captured graph replayed on a third while they run: each call's tokens are the

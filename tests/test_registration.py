@@ -176,6 +176,32 @@ def test_opcheck_with_inputs_that_require_grad():
                                offset, True))
 
 
+def test_triton_launchers_run_on_the_tensors_cuda_device(monkeypatch):
+    # Triton launches on the current CUDA device: tensors on another one must be served with their
+    # device made current (else the kernel reads another GPU's memory), and the current one restored.
+    from specops.core.registry import Backends
+
+    current = [0]
+
+    @contextlib.contextmanager
+    def made_current(device):
+        before, current[0] = current[0], torch.device(device).index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", made_current)
+    monkeypatch.setenv("SPECOPS_BACKEND", "triton")
+    launched_on = []
+    backends = Backends(reference=None, cpu=None,
+                        triton=lambda: lambda *args, **options: launched_on.append(current[0]))
+    for index in (1, 0, 2):
+        backends.run(torch.device("cuda", index), "tensors")
+    assert launched_on == [1, 0, 2] and current[0] == 0
+
+
 def test_zero_tensor_input_reaches_its_own_key(monkeypatch):
     # An efficient zero tensor has no storage: it must be materialised below autograd, not handed
     # to the kernel (the interpreted Triton kernel reads its data pointer, as a GPU launch would).

@@ -50,10 +50,16 @@ class Backends(NamedTuple):
 
     def run(self, device: torch.device, *args, **triton_options):
         """The backend ``SPECOPS_BACKEND`` selects for tensors on ``device``, called on ``args``
-        (and the Triton launcher on ``triton_options`` too)."""
+        (and the Triton launcher on ``triton_options`` too). The Triton launchers launch on the
+        current CUDA device, so tensors on another one are served with it made current for the
+        call, as a torch operation would be (a launch there would read another GPU's memory)."""
         if selected_backend(device) == "triton":
             try:
-                return self.triton()(*args, **triton_options)
+                launcher = self.triton()
+                if device.type == "cuda" and device.index != torch.cuda.current_device():
+                    with torch.cuda.device(device):
+                        return launcher(*args, **triton_options)
+                return launcher(*args, **triton_options)
             except RuntimeError as error:
                 if "active drivers" in str(error):
                     raise triton_unavailable_error(device) from error
