@@ -206,8 +206,8 @@ else:  # one call of each kind
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(1, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
         call(draft, torch.zeros(1, NUM_DRAFT, dtype=torch.int64), target, None, None, seed=5)
-if path == "hooked":  # launch hooks set: every launch takes kernel[grid]
-    seen = []
+seen = []
+if path == "hooked":  # launch hooks set: every launch takes kernel[grid], which calls them
     hook = lambda metadata: seen.append(1)
     if not hasattr(triton, "knobs"):  # releases before 3.4 keep the hook on CompiledKernel
         triton.compiler.CompiledKernel.launch_enter_hook = hook
@@ -218,7 +218,7 @@ if path == "hooked":  # launch hooks set: every launch takes kernel[grid]
 loaded, launches = driver.utils.modules_loaded, driver.utils.launches
 for has_draft in (True, False):
     calls(has_draft)
-after = driver.utils.modules_loaded
+after, after_launches, hook_calls = driver.utils.modules_loaded, driver.utils.launches, len(seen)
 # Rows that are not 16-byte aligned select another kernel: it must be compiled, not the aligned
 # one launched on them.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
@@ -228,7 +228,7 @@ else:
     specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64),
                                        target, seed=5, verification=verification)
 print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
-                  "launches_after": driver.utils.launches - launches,
+                  "launches_after": after_launches - launches, "hook_calls": hook_calls,
                   "loaded_unaligned": driver.utils.modules_loaded - after}))
 '''
 
@@ -252,6 +252,7 @@ def test_nothing_compiles_after_warm_up(first, path, verification, logits):
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result
+    assert result["hook_calls"] == (result["launches_after"] if path == "hooked" else 0), result
     assert result["loaded_unaligned"] >= 1, result
 
 
@@ -275,36 +276,45 @@ for kernel in (token.MAIN, token.MAIN_FROM_LOGITS, block.ROW_PASS,
 
 
 def variant(dtype=torch.float32, ids=torch.int64, acc=torch.int32, emit=torch.int32, draft=True,
-            n=N, vocab=V, shift_target=False, shift_draft=False, verification="token"):
-    target = torch.rand(2, n + 1, vocab + 1, dtype=dtype)
+            n=N, vocab=V, shift_target=False, shift_draft=False, batch=2, wide=False,
+            verification="token"):
+    target = torch.rand(batch, n + 1, vocab + 1, dtype=dtype)
     target = target[:, :, 1:] if shift_target else target[:, :, :vocab]
-    q = torch.rand(2, n, vocab + 1, dtype=dtype)
+    q = torch.rand(batch, n, vocab + 1, dtype=dtype)
     q = (q[:, :, 1:] if shift_draft else q[:, :, :vocab]) if draft else None
+    draft_ids, accepted = torch.zeros(batch, n, dtype=ids), torch.zeros(batch, dtype=acc)
+    if wide:  # strides past 32 bits, on dimensions of one element (so no memory behind them)
+        draft_ids = draft_ids.as_strided((1, n), (2**31, 1))
+        accepted = accepted.as_strided((1,), (2**31,))
     specops.chain_speculative_sampling(
-        q, torch.zeros(2, n, dtype=ids), target, torch.zeros(2, dtype=acc),
-        torch.zeros(2, dtype=emit), seed=1, verification=verification)
+        q, draft_ids, target, accepted, torch.zeros(batch, dtype=emit), seed=1,
+        verification=verification)
 
 
 for verification in ("token", "block"):
     for changes in ({}, dict(dtype=torch.float16), dict(dtype=torch.bfloat16),
                     dict(ids=torch.int32), dict(acc=torch.int64), dict(emit=torch.int64),
                     dict(draft=False), dict(n=7), dict(vocab=V - 1), dict(shift_target=True),
-                    dict(shift_draft=True)):
+                    dict(shift_draft=True), dict(batch=1), dict(batch=1, wide=True)):
         variant(verification=verification, **changes)
 
 
 def logits_variant(dtype=torch.float32, source="probs", draft_dtype=torch.float32,
                    temperature=torch.float32, top_k=torch.int64, top_p=torch.float32,
                    min_p=torch.float32, n=N, vocab=V, shift_target=False, row_stride=0,
-                   verification="token"):
+                   wide=False, verification="token"):
     # Rows of vocab + row_stride elements (16-byte multiples or not), the first one shifted or not.
     target = torch.randn(2, n + 1, vocab + 1 + row_stride, dtype=dtype)
     target = target[:, :, 1:vocab + 1] if shift_target else target[:, :, :vocab]
     draft = torch.rand(2, n, vocab, dtype=draft_dtype if source == "probs" else dtype)
     per_request = lambda value, dt: torch.tensor([value, value], dtype=dt)
+    temperatures = per_request(0.7, temperature)
+    if wide:  # a stride past 32 bits: about 8 GB of address space, two elements of it written
+        temperatures = torch.empty(2**31 + 1, dtype=temperature).as_strided((2,), (2**31,))
+        temperatures.fill_(0.7)
     specops.chain_speculative_sampling_from_logits(
         draft if source == "probs" else None, torch.zeros(2, n, dtype=torch.int64), target,
-        temperature=per_request(0.7, temperature), top_k=per_request(5, top_k),
+        temperature=temperatures, top_k=per_request(5, top_k),
         top_p=per_request(0.9, top_p), min_p=per_request(0.01, min_p),
         draft_logits=draft if source == "logits" else None, seed=1, verification=verification)
 
@@ -314,23 +324,28 @@ for verification in ("token", "block"):
                     dict(source="logits"), dict(source=None), dict(draft_dtype=torch.bfloat16),
                     dict(temperature=torch.float64), dict(top_k=torch.int32),
                     dict(top_p=torch.float64), dict(min_p=torch.float64), dict(n=7),
-                    dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1)):
+                    dict(vocab=V - 1), dict(shift_target=True), dict(row_stride=1),
+                    dict(wide=True)):
         logits_variant(verification=verification, **changes)
 
 
 def tree_variant(dtype=torch.float32, ids=torch.int64, parents=torch.int64, draft=True, m=N,
-                 vocab=V, shift_target=False, shift_draft=False):
-    target = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+                 vocab=V, shift_target=False, shift_draft=False, batch=2, wide=False):
+    target = torch.rand(batch, m + 1, vocab + 1, dtype=dtype)
     target = target[:, :, 1:] if shift_target else target[:, :, :vocab]
-    q = torch.rand(2, m + 1, vocab + 1, dtype=dtype)
+    q = torch.rand(batch, m + 1, vocab + 1, dtype=dtype)
     q = (q[:, :, 1:] if shift_draft else q[:, :, :vocab]) if draft else None
-    specops.tree_speculative_sampling(q, torch.zeros(2, m, dtype=ids),
-                                      torch.zeros(2, m, dtype=parents), target, seed=1)
+    draft_ids = torch.zeros(batch, m, dtype=ids)
+    if wide:  # a stride past 32 bits, on a dimension of one element
+        draft_ids = draft_ids.as_strided((1, m), (2**31, 1))
+    specops.tree_speculative_sampling(q, draft_ids, torch.zeros(batch, m, dtype=parents), target,
+                                      seed=1)
 
 
 for changes in ({}, dict(dtype=torch.float16), dict(dtype=torch.bfloat16), dict(ids=torch.int32),
                 dict(parents=torch.int32), dict(draft=False), dict(m=20), dict(vocab=V - 1),
-                dict(shift_target=True), dict(shift_draft=True)):
+                dict(shift_target=True), dict(shift_draft=True), dict(batch=1),
+                dict(batch=1, wide=True)):
     tree_variant(**changes)
 # The kernel every launch used against the one Triton's own binder picks for its arguments.
 same = [compiled.kernel.hash == kernel.fn.warmup(*args, *constexprs, grid=(1,),
@@ -345,7 +360,7 @@ def test_every_launch_uses_the_kernel_tritons_binder_picks():
     dropped from a key makes a later variant reuse the kernel compiled for an earlier one."""
     result = run_standin(KEY_SCRIPT)
     # Token: one launch; block: two; from logits one more (the statistics); tree: one.
-    assert result["launches"] >= 11 + 2 * 11 + 2 * 14 + 3 * 14 + 10, result
+    assert result["launches"] >= 13 + 2 * 13 + 2 * 15 + 3 * 15 + 12, result
     assert all(result["same"]), result
 
 
@@ -370,18 +385,63 @@ if hasattr(triton, "knobs"):
     specops.chain_speculative_sampling(*args, seed=3)
     triton.knobs.runtime.debug = False
     report["debug_loaded"] = driver.utils.modules_loaded - loaded
+
+    # Calls through kernel[grid] (JITFunction.run), while each setting is on, then with none.
+    runtime, compilation = triton.knobs.runtime, triton.knobs.compilation
+    grid_calls = []
+    real_run = launch.MAIN.fn.run
+    launch.MAIN.fn.run = lambda *a, **k: grid_calls.append(1) or real_run(*a, **k)
+
+    def grid_calls_while(turn_on, turn_off):
+        before = len(grid_calls)
+        turn_on()
+        specops.chain_speculative_sampling(*args, seed=4)
+        turn_off()
+        return len(grid_calls) - before
+
+    exits = []
+    exit_hook = lambda metadata: exits.append(1)
+    if hasattr(runtime.launch_exit_hook, "add"):  # a chain of hooks
+        report["exit_hook"] = grid_calls_while(lambda: runtime.launch_exit_hook.add(exit_hook),
+                                               lambda: runtime.launch_exit_hook.remove(exit_hook))
+    else:
+        report["exit_hook"] = grid_calls_while(
+            lambda: setattr(runtime, "launch_exit_hook", exit_hook),
+            lambda: setattr(runtime, "launch_exit_hook", None))
+    report["exit_hook_calls"] = len(exits)
+    if hasattr(compilation, "fpsan_homomorphic_casts"):
+        report["fpsan"] = grid_calls_while(
+            lambda: setattr(compilation, "fpsan_homomorphic_casts", True),
+            lambda: setattr(compilation, "fpsan_homomorphic_casts", False))
+    report["nothing_set"] = grid_calls_while(lambda: None, lambda: None)
+    # Settings whose kernel[grid] path needs a GPU here: the launcher's question alone.
+    from specops.core.launcher import observed
+    if hasattr(compilation, "instrumentation_mode"):
+        compilation.instrumentation_mode = "consan"
+        report["instrumentation_observed"] = observed()
+        compilation.instrumentation_mode = ""
+    if hasattr(runtime, "add_stages_inspection_hook"):
+        runtime.add_stages_inspection_hook = lambda *a, **k: None
+        report["stages_hook_observed"] = observed()
+        runtime.add_stages_inspection_hook = None
+    report["observed_after"] = observed()
 print(json.dumps(report))
 '''
 
 
 def test_per_call_hooks_and_knobs_take_kernel_grid():
-    # Set after warm-up, a pre-run hook sees the launch, and TRITON_DEBUG's knob compiles (and
-    # launches) debug kernels, as kernel[grid] does; launch hooks: test_nothing_compiles_after_
-    # warm_up's "hooked" runs.
+    # Set after warm-up, a pre-run hook sees the launch, TRITON_DEBUG's knob compiles (and
+    # launches) debug kernels, as kernel[grid] does, and an exit hook or a sanitizer knob sends the
+    # launch through kernel[grid]; launch enter hooks: test_nothing_compiles_after_warm_up's
+    # "hooked" runs.
     report = run_standin(OBSERVED_SCRIPT)
     assert report["pre_run_hook_calls"] == 1, report
     if "debug_loaded" in report:
         assert report["debug_loaded"] >= 1, report
+        assert report["exit_hook"] == 1 and report["exit_hook_calls"] == 1, report
+        assert report.get("fpsan", 1) == 1 and report["nothing_set"] == 0, report
+        assert report.get("instrumentation_observed", True), report
+        assert report.get("stages_hook_observed", True) and not report["observed_after"], report
 
 
 def test_host_overhead_benchmark_runs():
