@@ -46,17 +46,19 @@ class Device(NamedTuple):
 
 @functools.lru_cache(maxsize=16)
 def device(index: int) -> Device:
-    """The current Triton driver's description of GPU ``index``."""
+    """GPU ``index`` as the model needs it: per SM, from torch's device properties where torch has
+    them; else the current Triton driver's per-block limits (a block may take an SM's registers on
+    NVIDIA GPUs since Maxwell, and all but about 1 KB of its shared memory)."""
     import torch
     import triton
 
     properties = triton.runtime.driver.active.utils.get_device_properties(index)
-    threads = None
-    if torch.cuda.is_available():
-        threads = getattr(torch.cuda.get_device_properties(index),
-                          "max_threads_per_multi_processor", None)
-    return Device(properties["multiprocessor_count"], properties["max_num_regs"],
-                  properties["max_shared_mem"], threads)
+    per_sm = torch.cuda.get_device_properties(index) if torch.cuda.is_available() else None
+    return Device(
+        properties["multiprocessor_count"],
+        getattr(per_sm, "regs_per_multiprocessor", None) or properties["max_num_regs"],
+        getattr(per_sm, "shared_memory_per_multiprocessor", None) or properties["max_shared_mem"],
+        getattr(per_sm, "max_threads_per_multi_processor", None))
 
 
 def resident_programs(registers: int, num_warps: int, shared: int, gpu: Device) -> int:

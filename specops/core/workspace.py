@@ -1,5 +1,6 @@
-"""Scratch memory a launch needs but does not return: the row-pass partials and the arrival counts
-of token verification (zero before a launch; each launch sets the ones it used back to zero).
+"""Scratch memory a launch needs but does not return: float64 row-pass partials, and int32 arrival
+counts that are zero between launches (each launch sets the ones it used back to zero); token
+verification's kernel combines its programs' partials through them (docs/kernel.md).
 
 A plain eager call of a public function keeps its scratch between calls, per thread, device and
 stream: work on one stream runs in order, so the calls on a stream may share it, and two streams

@@ -8,8 +8,9 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, direct_launch, placeholder
-from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
+from ...core.logits_launch import FROM_LOGITS_OPTIONS
 from ...core.race import CHUNK_SIZE, num_chunks
+from ..from_logits_triton import on_row_statistics
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 

@@ -11,9 +11,10 @@ import torch
 
 from ...core import occupancy
 from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, current_stream, placeholder
-from ...core.logits_launch import FROM_LOGITS_OPTIONS, on_row_statistics
+from ...core.logits_launch import FROM_LOGITS_OPTIONS
 from ...core.race import CHUNK_SIZE, num_chunks
 from ...core.workspace import scratch
+from ..from_logits_triton import on_row_statistics
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
 
