@@ -3,8 +3,8 @@
 The interpreter accepts code the compiler rejects (globals that are not constexpr, unsupported
 dtypes, ...), so CI also compiles the specialisations the launcher can produce and reads the
 result (benchmarks/sass_budget.py does the compiling and the reading): the row loops must use
-16-byte global loads and stay within the instruction budget, nothing may spill to local memory,
-and the registers per thread must be those the launch model (specops/chain/occupancy.py) assumes.
+16-byte global loads and stay within the instruction budget, and nothing may spill to local
+memory (the launch model reads each loaded kernel's registers itself: core/occupancy.py).
 The compilation runs in subprocesses without ``TRITON_INTERPRET`` (under the interpreter
 ``@triton.jit`` builds interpreter objects that cannot be compiled).
 
