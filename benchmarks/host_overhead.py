@@ -120,13 +120,14 @@ def launch_of(*args):
     one call), alone: the floor of any call's host time beside the checks and the output."""
     seen = []
     real = launch.MAIN.launch
-    launch.MAIN.launch = lambda *launch_args: seen.append(launch_args) or real(*launch_args)
+    launch.MAIN.launch = lambda *given, **options: (seen.append((given, options))
+                                                    or real(*given, **options))
     try:
         chain_speculative_sampling_triton(*args, plain_eager=True)
     finally:
         launch.MAIN.launch = real
-    (launch_args,) = seen
-    return lambda: real(*launch_args)
+    ((launch_args, options),) = seen
+    return lambda: real(*launch_args, **options)
 
 
 def sync(device):

@@ -269,9 +269,10 @@ launched = []
 for kernel in (token.MAIN, token.MAIN_FROM_LOGITS, block.ROW_PASS,
                block.ROW_PASS_FROM_LOGITS, block.SCAN, logits_launch.STATISTICS, tree.KERNEL):
     real = kernel.launch
-    def record(grid, compiled, args, constexprs, direct=None, kernel=kernel, real=real):
+    def record(grid, compiled, args, constexprs, direct=None, stream=None, kernel=kernel,
+               real=real):
         launched.append((kernel, compiled, args, constexprs))
-        real(grid, compiled, args, constexprs, direct)
+        real(grid, compiled, args, constexprs, direct, stream)
     kernel.launch = record
 
 

@@ -153,10 +153,10 @@ class TritonKernel:
                         kernel.metadata.num_warps, takes_constexprs)
 
     def launch(self, grid: tuple, compiled: Compiled | None, args, constexprs: tuple,
-               direct: bool | None = None) -> None:
+               direct: bool | None = None, stream=None) -> None:
         """Launch ``compiled`` (what ``compiled`` returned for these arguments) on ``grid`` (1 to
-        3 dimensions); ``direct``: ``direct_launch(...)`` for this kernel, where the caller
-        already asked."""
+        3 dimensions); ``direct``: ``direct_launch(...)`` for this kernel, and ``stream``:
+        ``current_stream(compiled.device)``, where the caller already asked."""
         if direct is None:
             direct = direct_launch(self)
         if compiled is None or not direct:
@@ -166,7 +166,8 @@ class TritonKernel:
             args = (*args, *constexprs)
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
         kernel = compiled.kernel
-        stream = current_stream(compiled.device)
+        if stream is None:
+            stream = current_stream(compiled.device)
         # The call CompiledKernel[grid] and JITFunction.run make, less the launch metadata and
         # hooks, which only launch hooks read (with hooks set, launches take kernel[grid] above).
         kernel.run(grid_x, grid_y, grid_z, stream, kernel.function, kernel.packed_metadata, None,

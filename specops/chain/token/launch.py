@@ -121,6 +121,7 @@ def chain_speculative_sampling_triton(
                                               MAX_PROGRAMS_PER_REQUEST)
     per_program = -(-chunks // max(1, min(programs, chunks, MAX_PROGRAMS_PER_REQUEST)))
     programs = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
+    stream = None
     if programs > 1:
         # The programs' partial results (kernel.py has the layout) and their arrival counts.
         stream = None if compiled is None else current_stream(compiled.device)
@@ -132,7 +133,7 @@ def chain_speculative_sampling_triton(
             partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
             stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
             offset_stride, int(seed_per_request), per_program, cdf_slot, race_slot0)
-    main.launch((batch, programs), compiled, args, constexprs)
+    main.launch((batch, programs), compiled, args, constexprs, stream=stream)
     return out
 
 
