@@ -159,7 +159,7 @@ def main(argv=None) -> list[dict]:
                 "offset": torch.tensor([0], device=device),
             }
             moved = needed_bytes(batch, num_draft, vocab, dtype)
-            measured = {name: [] for name, fn in impls.items()
+            measured = {name: [] for name in impls
                         if not (name == "loop" and (batch > args.loop_max_batch
                                                     or device.type != "cpu" and batch > 16))}
             for _ in range(args.rounds):
