@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .backends import selected_backend, triton_unavailable_error
+from .backends import device_type, selected_backend, triton_unavailable_error
 
 _FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 _PLAIN = torch.Tensor
@@ -56,7 +56,7 @@ class Backends(NamedTuple):
         if selected_backend(device) == "triton":
             try:
                 launcher = self.triton()
-                if device.type == "cuda" and device.index != torch.cuda.current_device():
+                if device_type(device) == "cuda" and device.index != torch.cuda.current_device():
                     with torch.cuda.device(device):
                         return launcher(*args, **triton_options)
                 return launcher(*args, **triton_options)
@@ -64,7 +64,7 @@ class Backends(NamedTuple):
                 if "active drivers" in str(error):
                     raise triton_unavailable_error(device) from error
                 raise
-        return (self.cpu if device.type == "cpu" else self.reference)(*args)
+        return (self.cpu if device_type(device) == "cpu" else self.reference)(*args)
 
 
 class RegisteredOp(NamedTuple):
@@ -101,6 +101,6 @@ def skips_dispatcher(registered: RegisteredOp, device: torch.device, *values) ->
     """The public functions' rule: run the op's eager entry directly when nothing but eager
     execution can see the call (``is_plain_eager``) and no user kernel serves ``device``."""
     user = registered.user_kernels
-    if user and (device.type in user or None in user):  # None: a kernel for every device
+    if user and (device_type(device) in user or None in user):  # None: a kernel for every device
         return False
     return is_plain_eager(*values)

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from .backends import device_type
+
 
 class Scratch(NamedTuple):
     partials: torch.Tensor  # float64, flat: at least rows * programs * fields
@@ -36,7 +38,7 @@ def scratch(device: torch.device, stream, partials: int, rows: int, keep: bool) 
     """Scratch of at least ``partials`` float64 values and ``rows`` zero counts for a launch on
     ``stream`` (the driver's handle of the current stream) of ``device``: kept between calls where
     ``keep`` (a plain eager call) and no CUDA graph is being captured, else the call's own."""
-    if not keep or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if not keep or (device_type(device) == "cuda" and torch.cuda.is_current_stream_capturing()):
         return _allocate(device, partials, rows)
     kept = getattr(_KEPT, "scratch", None)
     if kept is None:
