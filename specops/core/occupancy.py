@@ -117,6 +117,27 @@ def programs_per_row(compiled, rows: int, chunks: int, chunk_bytes: int,
                              compiled.device, rows, chunks, chunk_bytes, max_programs)
 
 
+def row_split(compiled, rows: int, chunks: int, chunk_bytes: int, max_programs: int,
+              programs: int | None = None) -> tuple[int, int]:
+    """(programs per row, chunks per program) of a launch of ``compiled`` over ``rows`` rows of
+    ``chunks`` chunks: ``programs`` where given (tests show tokens do not depend on it), else the
+    model's choice; at most ``max_programs``, and rounded so that every program has a chunk."""
+    if programs is None:
+        return _model_split(compiled, rows, chunks, chunk_bytes, max_programs)
+    return _rounded(chunks, programs, max_programs)
+
+
+def _rounded(chunks: int, programs: int, max_programs: int) -> tuple[int, int]:
+    per_program = -(-chunks // max(1, min(programs, chunks, max_programs)))
+    return -(-chunks // per_program), per_program  # math.ceil and triton.cdiv are slower
+
+
+@functools.lru_cache(maxsize=4096)
+def _model_split(compiled, rows, chunks, chunk_bytes, max_programs) -> tuple[int, int]:
+    programs = programs_per_row(compiled, rows, chunks, chunk_bytes, max_programs)
+    return _rounded(chunks, programs, max_programs)
+
+
 @functools.lru_cache(maxsize=4096)
 def _programs_per_row(registers, num_warps, shared, device_index, rows, chunks, chunk_bytes,
                       max_programs) -> int:

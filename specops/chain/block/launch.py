@@ -85,12 +85,10 @@ def block_speculative_sampling_triton(
                emitted_num.stride(0)) < 2**31)
     row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
     compiled = row_pass.compiled((row_constexprs, key), row_args, row_constexprs)
-    if num_splits is None:
-        num_splits = occupancy.programs_per_row(compiled, rows, chunks,
-                                                CHUNK_SIZE * target_probs.element_size(),
-                                                MAX_SPLITS)
-    per_program = -(-chunks // max(1, min(chunks, MAX_SPLITS, int(num_splits))))
-    splits = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
+    splits, per_program = occupancy.row_split(compiled, rows, chunks,
+                                              CHUNK_SIZE * target_probs.element_size(),
+                                              MAX_SPLITS, None if num_splits is None
+                                              else int(num_splits))
     # The programs' race results and every chunk's mass of every candidate row (kernel.py has the
     # layouts), for the scan.
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)

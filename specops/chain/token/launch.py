@@ -82,7 +82,8 @@ def chain_speculative_sampling_triton(
     else:
         stride_db = stride_dn = 0
         draft = target_probs  # placeholder pointer
-    out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=target_probs.device)
+    device = target_probs.device
+    out = torch.empty(batch, num_draft + 1, dtype=torch.int32, device=device)
     if batch == 0:
         return out
     stride_ib, stride_in = draft_token_ids.stride()
@@ -92,8 +93,8 @@ def chain_speculative_sampling_triton(
     offset_stride = offset.stride()[0] if offset.numel() != 1 else 0
     lanes, cdf_slot, race_slot0, chunks = _per_shape(num_draft, vocab)
     logits, draft_logits = target_stats is not None, draft_stats is not None
-    no_stats = placeholder(out.device, torch.float64)
-    no_arrivals = placeholder(out.device, torch.int32)
+    no_stats = placeholder(device, torch.float64)
+    no_arrivals = placeholder(device, torch.int32)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
     # HAS_DRAFT, BLOCK_N, GROUP, CHUNK, LOGITS, DRAFT_LOGITS, BLOCK_P
@@ -115,17 +116,14 @@ def chain_speculative_sampling_triton(
                                    stride_in, stride_acc, stride_emit, seed_stride,
                                    offset_stride, int(seed_per_request), 1, cdf_slot, race_slot0),
                              constexprs)
-    if programs is None:
-        programs = occupancy.programs_per_row(compiled, batch, chunks,
-                                              CHUNK_SIZE * target_probs.element_size(),
-                                              MAX_PROGRAMS_PER_REQUEST)
-    per_program = -(-chunks // max(1, min(programs, chunks, MAX_PROGRAMS_PER_REQUEST)))
-    programs = -(-chunks // per_program)  # none without a chunk (triton.cdiv is slow on the host)
-    stream = None
+    programs, per_program = occupancy.row_split(compiled, batch, chunks,
+                                                CHUNK_SIZE * target_probs.element_size(),
+                                                MAX_PROGRAMS_PER_REQUEST, programs)
+    # The driver's handle of the stream the launch is queued on (None under the interpreter).
+    stream = None if compiled is None else current_stream(compiled.device)
     if programs > 1:
         # The programs' partial results (kernel.py has the layout) and their arrival counts.
-        stream = None if compiled is None else current_stream(compiled.device)
-        partials, arrivals = scratch(out.device, stream, batch * programs * FIELDS, batch,
+        partials, arrivals = scratch(device, stream, batch * programs * FIELDS, batch,
                                      keep=plain_eager)
     else:
         partials, arrivals = no_stats, no_arrivals
