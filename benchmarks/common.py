@@ -7,6 +7,7 @@ Timing (all return median seconds per call):
     time_eager(fn, count, device)    fn(i) called eagerly, i rotating over range(count)
     time_graph(fn, count, device)    fn(0..count-1) captured in one CUDA graph, then replayed
     can_graph(device)                whether time_graph works on ``device`` (CUDA only)
+    captured(call)                   a CUDA graph of call(), after a warm-up call on a side stream
 Memory:
     copy_bandwidth(device)           bytes per second of a large copy, read + write counted
     needed_bytes(B, N, V, dtype)     the fewest bytes a call must move (see its docstring)
@@ -99,22 +100,32 @@ def time_eager(fn, count: int, device: torch.device, *, min_time: float = 0.2, m
     return statistics.median(times)
 
 
+def captured(call) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``call()``, after a first call on a side stream, as capture requires
+    (compilation, allocator pools)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 def time_graph(fn, count: int, device: torch.device, *, repeats: int = 20) -> float:
     """Median seconds per call of ``fn(i)`` under CUDA-graph replay: ``fn(0), ..., fn(count - 1)``
     are captured in one graph (so the inputs rotate), the graph is replayed ``repeats`` times, and
     each replay's time is divided by ``count``. ``fn`` must not synchronise with the host."""
     if not can_graph(device):
         raise ValueError(f"time_graph needs a CUDA device, got {device}")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside the capture (compilation, allocator pools)
+
+    def calls():
         for i in range(count):
             fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(count):
-            fn(i)
+
+    graph = captured(calls)
     graph.replay()
     torch.cuda.synchronize()
     times = []

@@ -1,11 +1,12 @@
 """Host time of one call: the public function, the registered op and the pieces of the GPU path,
 against a bare three-argument Triton launch (the unit).
 
-    python benchmarks/host_overhead.py [--batch 16 --num-draft 4 --vocab 32000 --rounds 15]
+    python benchmarks/host_overhead.py [--batch 16 --num-draft 4 --vocab 32000 --rounds 40]
 
 Host time is what the Python thread spends per call; the GPU work is queued, not waited for. Each
 round times every entry over ``--calls`` calls, in a new order each round, and the best round of
-each is kept (the least disturbed by other processes). With CUDA the real driver launches the real
+each is kept (the least disturbed by other processes); the process runs on one CPU core, so that
+no entry pays for a move between cores that another escaped. With CUDA the real driver launches the real
 kernels; without it the stand-in driver (standin_driver.py) runs Triton's launch path up to the
 final C call on CPU tensors, so the figures are the GPU path's host time less that call.
 """
@@ -44,6 +45,8 @@ from specops.chain.token import launch  # noqa: E402
 from specops.chain.token.launch import chain_speculative_sampling_triton  # noqa: E402
 from specops.chain.arguments import check_arguments, check_counters_apart  # noqa: E402
 from specops.core.seeding import resolve_seed_and_offset  # noqa: E402
+
+from common import captured  # noqa: E402  (benchmarks/common.py, beside this script)
 
 OP = torch.ops.specops.chain_speculative_sampling
 
@@ -102,19 +105,6 @@ def make_entries(batch, num_draft, vocab, device):
     return entries
 
 
-def captured(call) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of ``call()``, after a first call on a side stream (as capture requires)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph
-
-
 def launch_of(*args):
     """A call of the main kernel's launch as the launcher makes it for these arguments (read from
     one call), alone: the floor of any call's host time beside the checks and the output."""
@@ -135,7 +125,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def measure(batch=16, num_draft=4, vocab=32000, rounds=15, calls=200, seed=0):
+def measure(batch=16, num_draft=4, vocab=32000, rounds=40, calls=200, seed=0):
     """{entry: best seconds per call} and the modules loaded after warm-up (None with CUDA)."""
     device = torch.device("cuda" if HAS_CUDA else "cpu")
     entries = make_entries(batch, num_draft, vocab, device)
@@ -166,9 +156,11 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--num-draft", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):  # one core for the whole run (Linux)
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     best, loaded_after_warmup = measure(args.batch, args.num_draft, args.vocab, args.rounds,
                                         args.calls)
     unit = best["bare launch (unit)"]
@@ -176,7 +168,7 @@ def main(argv=None):
              else "no GPU: stand-in driver (Triton's launch path up to the final C call)")
     print(f"host time per call, B={args.batch} N={args.num_draft} V={args.vocab}; {where}")
     print(f"torch {torch.__version__}, triton {triton.__version__}; best of {args.rounds} "
-          f"interleaved rounds of {args.calls} calls")
+          f"interleaved rounds of {args.calls} calls, on one CPU core")
     print(f"{'entry':32s} {'us':>8s} {'x bare':>8s}")
     for name, seconds in best.items():
         print(f"{name:32s} {seconds * 1e6:8.1f} {seconds / unit:8.1f}")

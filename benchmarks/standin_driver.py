@@ -99,13 +99,13 @@ class StandinUtils:
     def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
                launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
                arg_annotations, kernel_signature, kernel_args):
-        # Which arguments are pointers is worked out once per signature (the C launcher reads
-        # each argument's kind from the signature's bytes, in C).
-        key = (id(arg_annotations), kernel_signature)
-        known = self._pointers.get(key)
+        # Which arguments are pointers is worked out once per launcher (the C launcher reads each
+        # argument's kind from the signature's bytes, in C): its annotations, made with its
+        # signature, name it.
+        known = self._pointers.get(id(arg_annotations))
         if known is None:  # kept with its annotations, so that their id is not reused
-            known = self._pointers[key] = (arg_annotations,
-                                           pointer_positions(arg_annotations, kernel_signature))
+            known = self._pointers[id(arg_annotations)] = (
+                arg_annotations, pointer_positions(arg_annotations, kernel_signature))
         self.record_launch((grid_x, grid_y, grid_z), kernel_args, known[1], launch_metadata,
                            enter_hook, exit_hook)
 
