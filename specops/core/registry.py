@@ -101,6 +101,6 @@ def skips_dispatcher(registered: RegisteredOp, device: torch.device, *values) ->
     """The public functions' rule: run the op's eager entry directly when nothing but eager
     execution can see the call (``is_plain_eager``) and no user kernel serves ``device``."""
     user = registered.user_kernels
-    if user and (device_type(device) in user or None in user):  # None: a kernel for every device
+    if user and (device.type in user or None in user):  # None: a kernel for every device
         return False
     return is_plain_eager(*values)
