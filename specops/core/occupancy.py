@@ -106,25 +106,23 @@ def best_plan(rows: int, chunks: int, slots: int, chunk_bytes: int,
     return min(plans, key=lambda p: (p.time, -p.busy, p.programs_per_row))
 
 
-def programs_per_row(compiled, rows: int, chunks: int, chunk_bytes: int,
-                     max_programs: int) -> int:
-    """Programs per row for a launch of ``compiled`` (a ``launcher.Compiled``) over ``rows`` rows
-    of ``chunks`` chunks on its device; 1 where there is no compiled kernel (the interpreter,
-    which runs every program in turn)."""
-    if compiled is None:
-        return 1
-    return _programs_per_row(compiled.registers, compiled.num_warps, compiled.shared,
-                             compiled.device, rows, chunks, chunk_bytes, max_programs)
-
-
 def row_split(compiled, rows: int, chunks: int, chunk_bytes: int, max_programs: int,
               programs: int | None = None) -> tuple[int, int]:
-    """(programs per row, chunks per program) of a launch of ``compiled`` over ``rows`` rows of
-    ``chunks`` chunks: ``programs`` where given (tests show tokens do not depend on it), else the
-    model's choice; at most ``max_programs``, and rounded so that every program has a chunk."""
-    if programs is None:
-        return _model_split(compiled, rows, chunks, chunk_bytes, max_programs)
-    return _rounded(chunks, programs, max_programs)
+    """(programs per row, chunks per program) of a launch of ``compiled`` (a
+    ``launcher.Compiled``) over ``rows`` rows of ``chunks`` chunks on its device: ``programs``
+    where given (tests show tokens do not depend on it), else the model's choice, or 1 where there
+    is no compiled kernel (the interpreter, which runs every program in turn); at most
+    ``max_programs``, and rounded so that every program has a chunk."""
+    if programs is not None or compiled is None:
+        return _rounded(chunks, 1 if programs is None else programs, max_programs)
+    return _model_split(compiled.registers, compiled.num_warps, compiled.shared, compiled.device,
+                        rows, chunks, chunk_bytes, max_programs)
+
+
+def programs_per_row(compiled, rows: int, chunks: int, chunk_bytes: int,
+                     max_programs: int) -> int:
+    """The model's programs per row for a launch of ``compiled`` (``row_split``'s first value)."""
+    return row_split(compiled, rows, chunks, chunk_bytes, max_programs)[0]
 
 
 def _rounded(chunks: int, programs: int, max_programs: int) -> tuple[int, int]:
@@ -133,15 +131,10 @@ def _rounded(chunks: int, programs: int, max_programs: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _model_split(compiled, rows, chunks, chunk_bytes, max_programs) -> tuple[int, int]:
-    programs = programs_per_row(compiled, rows, chunks, chunk_bytes, max_programs)
-    return _rounded(chunks, programs, max_programs)
-
-
-@functools.lru_cache(maxsize=4096)
-def _programs_per_row(registers, num_warps, shared, device_index, rows, chunks, chunk_bytes,
-                      max_programs) -> int:
+def _model_split(registers, num_warps, shared, device_index, rows, chunks, chunk_bytes,
+                 max_programs) -> tuple[int, int]:
     gpu = device(device_index)
     resident = resident_programs(registers, num_warps, shared, gpu)
-    return best_plan(rows, chunks, gpu.sms * resident, chunk_bytes,
-                     max_programs).programs_per_row
+    programs = best_plan(rows, chunks, gpu.sms * resident, chunk_bytes,
+                         max_programs).programs_per_row
+    return _rounded(chunks, programs, max_programs)
