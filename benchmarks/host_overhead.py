@@ -5,10 +5,11 @@ against a bare three-argument Triton launch (the unit).
 
 Host time is what the Python thread spends per call; the GPU work is queued, not waited for. Each
 round times every entry over ``--calls`` calls, in a new order each round, and the best round of
-each is kept (the least disturbed by other processes); the process runs on one CPU core, so that
-no entry pays for a move between cores that another escaped. With CUDA the real driver launches the real
-kernels; without it the stand-in driver (standin_driver.py) runs Triton's launch path up to the
-final C call on CPU tensors, so the figures are the GPU path's host time less that call.
+each is kept (the least disturbed by other processes). The process runs on one CPU core with one
+torch thread (``--unpinned``: on every core, with torch's threads), so that every entry runs under
+the same core's conditions. With CUDA the real driver launches the real kernels; without it the
+stand-in driver (standin_driver.py) runs Triton's launch path up to the final C call on CPU
+tensors, so the figures are the GPU path's host time less that call.
 """
 
 from __future__ import annotations
@@ -158,9 +159,14 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--unpinned", action="store_true",
+                        help="run on every core, with torch's threads (default: one core, one "
+                             "thread)")
     args = parser.parse_args(argv)
-    if hasattr(os, "sched_setaffinity"):  # one core for the whole run (Linux)
+    pinned = not args.unpinned and hasattr(os, "sched_setaffinity")  # Linux
+    if pinned:
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+        torch.set_num_threads(1)
     best, loaded_after_warmup = measure(args.batch, args.num_draft, args.vocab, args.rounds,
                                         args.calls)
     unit = best["bare launch (unit)"]
@@ -168,7 +174,8 @@ def main(argv=None):
              else "no GPU: stand-in driver (Triton's launch path up to the final C call)")
     print(f"host time per call, B={args.batch} N={args.num_draft} V={args.vocab}; {where}")
     print(f"torch {torch.__version__}, triton {triton.__version__}; best of {args.rounds} "
-          f"interleaved rounds of {args.calls} calls, on one CPU core")
+          f"interleaved rounds of {args.calls} calls, "
+          f"{'on one CPU core' if pinned else 'unpinned'}")
     print(f"{'entry':32s} {'us':>8s} {'x bare':>8s}")
     for name, seconds in best.items():
         print(f"{name:32s} {seconds * 1e6:8.1f} {seconds / unit:8.1f}")
