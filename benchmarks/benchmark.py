@@ -37,7 +37,7 @@ import specops
 from common import (DTYPES, add_threads_option, copy_bandwidth, describe_device,
                     eager_chain_sampling, make_inputs, needed_bytes, require_device, time_eager,
                     use_threads)
-from specops.progress import Progress
+from specops.demo.progress import Progress
 
 
 # ----------------------------------------------------------------------------- implementations

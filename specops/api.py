@@ -155,10 +155,10 @@ def chain_speculative_sampling_from_logits(
             logits count as -inf.
         maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num: (B,) counters
             added to in place, as in ``chain_speculative_sampling``.
-        temperature: >= 0 (0: greedy: the largest logit, the lowest index on ties); top_k: >= 0
-            (0 or None: off); top_p: in (0, 1] (1 or None: off); min_p: in [0, 1] (0 or None:
-            off). Each a number for every request or a tensor of 1 or B values on the logits'
-            device (temperature, top_p, min_p float32/float64; top_k int32/int64).
+        temperature: >= 0 (0: greedy: the largest logit, the lowest index on ties; None: 1);
+            top_k: >= 0 (0 or None: off); top_p: in (0, 1] (1 or None: off); min_p: in [0, 1]
+            (0 or None: off). Each a number for every request or a tensor of 1 or B values on the
+            logits' device (temperature, top_p, min_p float32/float64; top_k int32/int64).
         draft_logits: (B, N, V) the draft's logits, of target_logits' dtype, instead of
             draft_probs.
         generator, seed, offset, verification: as in ``chain_speculative_sampling``.

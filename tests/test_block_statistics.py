@@ -20,7 +20,7 @@ import torch
 import specops
 from specops.chain.block import reference as block
 from specops.chain.outputs import write_outputs
-from specops.stats import normal_pvalue
+from specops.demo.stats import normal_pvalue
 
 import worlds  # tests/worlds.py
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_cases import spawn
-from specops.stats import chi2_pvalue
+from specops.demo.stats import chi2_pvalue
 
 P_THRESHOLD = 1e-4
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),

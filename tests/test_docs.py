@@ -130,6 +130,23 @@ def test_demo_with_sampling_parameters_is_lossless(flags):
                *flags], 120)
     assert f"temperature {flags[1]}" in out, out
     assert "lossless check               PASS" in out, out
+    # Greedy decoding draws no coins: the demo reports drafts equal to the target's choice.
+    greedy = flags[1] == "0"
+    assert ("accepted by own coin" in out) != greedy and ("equal to the target's" in out) == greedy
+
+
+def test_demo_runs_beside_a_clone_named_specops(tmp_path):
+    """From the folder that holds a clone named specops/ (no __init__.py at its root), the
+    installed package, not that folder, is what ``specops`` imports (pyproject.toml's
+    package-dir: the editable install puts the checkout on sys.path)."""
+    (tmp_path / "specops").mkdir()
+    (tmp_path / "specops" / "README.md").write_text("a clone's root\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-m", "specops.demo", "--no-compile", "--batch-size",
+                             "1", "--length", "12", "--device", "cpu"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "characters per target call" in result.stdout, result.stdout
 
 
 def test_contributing_interpreter_demo_command_passes():

@@ -10,7 +10,7 @@ from inputs import make_inputs, seeds  # tests/inputs.py
 import specops
 from specops.chain.token.launch import chain_speculative_sampling_triton
 from specops.chain.token.reference import chain_speculative_sampling_reference
-from specops.stats import chi2_pvalue
+from specops.demo.stats import chi2_pvalue
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,7 +16,7 @@ import torch
 
 import specops
 import specops.chain.token.reference
-from specops.stats import chi2_pvalue, normal_pvalue
+from specops.demo.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4
 

@@ -17,7 +17,7 @@ import torch
 
 import specops
 from specops.tree import reference
-from specops.stats import chi2_pvalue
+from specops.demo.stats import chi2_pvalue
 
 import worlds  # tests/worlds.py
 from inputs import full_tree  # tests/inputs.py

@@ -15,7 +15,7 @@ from inputs import DEVICE, make_inputs, seeds  # tests/inputs.py; on CPU, confte
 import specops
 from specops.chain.token.launch import chain_speculative_sampling_triton
 from specops.chain.token.reference import chain_speculative_sampling_reference
-from specops.stats import chi2_pvalue
+from specops.demo.stats import chi2_pvalue
 
 
 def run_both(draft_probs, ids, target, seed, offset, *, acc_dtype=torch.int32,

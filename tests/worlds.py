@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specops.stats import chi2_pvalue
+from specops.demo.stats import chi2_pvalue
 
 
 def make_world(vocab: int, positions: int, seed: int, scale: float):

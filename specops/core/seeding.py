@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Optional, Union
 
@@ -10,7 +11,8 @@ import torch
 SeedLike = Union[int, torch.Tensor, None]
 
 GENERATOR_UNDER_COMPILE = (
-    "generator= cannot be traced by torch.compile (Dynamo cannot pass a torch.Generator to an op). "
+    "generator= cannot be traced by torch.compile(fullgraph=True) (Dynamo cannot pass a "
+    "torch.Generator to an op). "
     "Draw the seed and offset from the generator outside the compiled function and pass them as "
     "tensors: drawn = torch.randint(-2**63, 2**63 - 1, (2,), dtype=torch.int64, device=device, "
     "generator=generator); then seed=drawn[:1], offset=drawn[1:] gives the tokens generator= gives "
@@ -75,6 +77,24 @@ def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.de
     return _constant(value, device, cache)
 
 
+def _draw(generator: Optional[torch.Generator], device: torch.device):
+    # torch.randint (unlike Tensor.random_) also traces under torch.compile(fullgraph=True).
+    # Drawn as (2, 1), the values of a (2,) draw, so that one unbind gives both 1-element rows.
+    drawn = torch.randint(
+        -(2**63), 2**63 - 1, (2, 1), dtype=torch.int64, device=device, generator=generator
+    )
+    seed, offset = drawn.unbind(0)
+    return seed, offset
+
+
+# Dynamo cannot pass a torch.Generator to an op: with one, the draw runs outside the graph (a graph
+# break), and under fullgraph=True Dynamo refuses it with this reason in its error's first lines
+# (torch releases whose compiler.disable takes no reason name the function instead).
+_REASON = ({"reason": GENERATOR_UNDER_COMPILE}
+           if "reason" in inspect.signature(torch.compiler.disable).parameters else {})
+_draw_from_generator_outside_the_graph = torch.compiler.disable(_draw, **_REASON)
+
+
 def random_seed_and_offset(
     generator: Optional[torch.Generator], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,15 +103,9 @@ def random_seed_and_offset(
     Drawn by a device-side random op, not read on the host: reproducible under torch.manual_seed,
     fresh on every call, and fresh on every replay of a captured CUDA graph.
     """
-    if generator is not None and torch.compiler.is_compiling():
-        raise TypeError(GENERATOR_UNDER_COMPILE)
-    # torch.randint (unlike Tensor.random_) also traces under torch.compile(fullgraph=True).
-    # Drawn as (2, 1), the values of a (2,) draw, so that one unbind gives both 1-element rows.
-    drawn = torch.randint(
-        -(2**63), 2**63 - 1, (2, 1), dtype=torch.int64, device=device, generator=generator
-    )
-    seed, offset = drawn.unbind(0)
-    return seed, offset
+    if generator is None:
+        return _draw(None, device)
+    return _draw_from_generator_outside_the_graph(generator, device)
 
 
 def resolve_seed_and_offset(

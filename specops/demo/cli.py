@@ -1,6 +1,6 @@
-"""End-to-end speculative decoding with specops: python -m specops.demo
+"""End-to-end speculative decoding with specops: ``python -m specops.demo``
 
-Builds two character-level n-gram models from the text shipped in specops/data/corpus.txt: a
+Builds two character-level n-gram models from the text shipped in specops/demo/corpus.txt: a
 target (order 4, backed off to lower orders) and a weaker draft (order 3 by default). It decodes a
 batch of sequences two ways (each step compiled and captured in a CUDA graph on a GPU; eager on a
 CPU, where compiling these small steps makes them slower):
@@ -34,10 +34,10 @@ import torch
 
 import specops
 from specops.core.logits import processed_rows
-from specops.progress import Progress
-from specops.stats import chi2_pvalue
+from .progress import Progress
+from .stats import chi2_pvalue
 
-CORPUS = Path(__file__).with_name("data") / "corpus.txt"
+CORPUS = Path(__file__).with_name("corpus.txt")
 TARGET_ORDER = 4  # the target looks at the last 3 characters
 CONTEXT = TARGET_ORDER - 1
 
@@ -593,7 +593,11 @@ def main(argv=None) -> dict:
     print(f"  drafts kept per step         {kept_per_step:.2f} of {draft_len}  "
           f"(the accepted {'prefix' if args.tree is None else 'path'}; each step adds one more "
           f"character)")
-    if passed is not None:
+    if passed is not None and args.temperature == 0:  # greedy: no coins, a draft is kept or not
+        print(f"  drafts equal to the target's {passed:.1%}  (most likely character, every "
+              f"position judged alone, also after\n{'':32s}a rejection: the op's accepted counter "
+              f"over all drafts judged)")
+    elif passed is not None:
         print(f"  drafts accepted by own coin  {passed:.1%}  (every position judged alone, also "
               f"after a rejection:\n{'':32s}the op's accepted counter over all drafts judged)")
     print(f"\nlossless check: where each generated character falls in the target's distribution for "
@@ -628,6 +632,3 @@ def main(argv=None) -> dict:
             "kept_per_step": kept_per_step, "characters_per_call": per_call, "speedup": speedup,
             "chain_characters_per_call": chain_per_call}
 
-
-if __name__ == "__main__":
-    main()

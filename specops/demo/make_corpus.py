@@ -5,7 +5,7 @@ written for this project, so it carries no third party's copyright (it is releas
 project under its licence; nothing in it is copied from a book). A fixed seed makes the file
 reproducible:
 
-    python specops/data/make_corpus.py
+    python specops/demo/make_corpus.py
 """
 
 import random
