@@ -315,10 +315,11 @@ def planned_programs(batch: int, num_draft: int, vocab: int, dtype) -> int | str
     from specops.chain.token import launch
     from specops.core import occupancy
 
-    constexprs = (True, launch.block_n(num_draft), launch.GROUP, launch.CHUNK_SIZE)
-    for (_, key), compiled in launch.MAIN._compiled.items():
-        if key[0] == constexprs and key[1] == dtype:
-            return occupancy.programs_per_row(compiled, batch, -(-vocab // launch.CHUNK_SIZE),
+    for (_, constexprs, dtypes), kernel in launch.MAIN._resources.items():
+        constexprs = dict(constexprs)
+        if (constexprs["HAS_DRAFT"] and constexprs["BLOCK_N"] == launch.block_n(num_draft)
+                and dtypes[0] == dtype):  # the target's
+            return occupancy.programs_per_row(kernel, batch, -(-vocab // launch.CHUNK_SIZE),
                                               launch.CHUNK_SIZE * dtype.itemsize,
                                               launch.MAX_PROGRAMS_PER_REQUEST)
     return ""

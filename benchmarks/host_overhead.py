@@ -1,5 +1,6 @@
-"""Host time of one call: the public function, the registered op and the pieces of the GPU path,
-against a bare three-argument Triton launch (the unit).
+"""Host time of one call of token verification: the public function, the registered op, the public
+function inside ``torch.compile`` and under CUDA-graph replay, against a bare ``kernel[grid]``
+launch of the same kernel with the arguments the launcher passes it.
 
     python benchmarks/host_overhead.py [--batch 16 --num-draft 4 --vocab 32000 --rounds 40]
 
@@ -8,8 +9,8 @@ round times every entry over ``--calls`` calls, in a new order each round, and t
 each is kept (the least disturbed by other processes). The process runs on one CPU core with one
 torch thread (``--unpinned``: on every core, with torch's threads), so that every entry runs under
 the same core's conditions. With CUDA the real driver launches the real kernels; without it the
-stand-in driver (standin_driver.py) runs Triton's launch path up to the final C call on CPU
-tensors, so the figures are the GPU path's host time less that call.
+stand-in driver (standin_driver.py) runs Triton's launch path on CPU tensors up to the driver's
+launcher, so the figures leave out the CUDA launcher's own work, and CUDA-graph replay is skipped.
 """
 
 from __future__ import annotations
@@ -20,14 +21,9 @@ import random
 import sys
 import time
 
-HAS_CUDA = False
-try:
-    import torch
+import torch
 
-    HAS_CUDA = torch.cuda.is_available()
-except ImportError:  # pragma: no cover
-    raise
-
+HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.pop("TRITON_INTERPRET", None)
     import standin_driver  # a script's own folder is on sys.path
@@ -38,25 +34,34 @@ else:
 os.environ["SPECOPS_BACKEND"] = "triton"  # CPU tensors too, with the stand-in driver
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 import specops  # noqa: E402
-from specops.api import PUBLIC_NAMES  # noqa: E402
 from specops.chain.token import launch  # noqa: E402
-from specops.chain.token.launch import chain_speculative_sampling_triton  # noqa: E402
-from specops.chain.arguments import check_arguments, check_counters_apart  # noqa: E402
-from specops.core.seeding import resolve_seed_and_offset  # noqa: E402
 
 from common import captured  # noqa: E402  (benchmarks/common.py, beside this script)
 
+BARE = "kernel[grid], same kernel"
 OP = torch.ops.specops.chain_speculative_sampling
 
 
-@triton.jit
-def bare_kernel(x_ptr, y_ptr, n):
-    """The unit: a launch of three arguments that does next to nothing."""
-    i = tl.program_id(0)
-    tl.store(y_ptr + i, tl.load(x_ptr + i) + n)
+def bare_launch(call):
+    """A bare ``kernel[grid]`` launch of the token kernel with the grid and arguments the launcher
+    passes it in ``call()`` (recorded from a call after a first one has made the launch plan)."""
+    call()
+    seen = []
+    kernel = launch.MAIN.fn
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append((grid, args, kwargs))
+
+    launch.MAIN.fn = Recorder()
+    try:
+        call()
+    finally:
+        launch.MAIN.fn = kernel
+    ((grid, args, kwargs),) = seen
+    return lambda: kernel[grid](*args, **kwargs)
 
 
 def make_entries(batch, num_draft, vocab, device):
@@ -68,57 +73,23 @@ def make_entries(batch, num_draft, vocab, device):
     emit = torch.zeros(batch, dtype=torch.int32, device=device)
     seed = torch.tensor([1234], device=device)
     offset = torch.tensor([0], device=device)
-    x = torch.zeros(16, device=device)
-    y = torch.zeros(16, device=device)
-    tensors = dict(draft_probs=draft, draft_token_ids=ids, target_probs=target, accepted_num=acc,
-                   emitted_num=emit, seed=seed, offset=offset)
     public = specops.chain_speculative_sampling
 
-    def step(*args):
-        return public(*args[:5], seed=args[5], offset=args[6])[0]
+    def step(draft, ids, target, acc, emit, seed, offset):
+        return public(draft, ids, target, acc, emit, seed=seed, offset=offset)[0]
 
-    # What a torch.compile'd step pays per call: its guards and wrappers, and the registered op,
-    # which is what the compiled graph calls.
     compiled = torch.compile(step, fullgraph=True)
+    args = (draft, ids, target, acc, emit, seed, offset)
     entries = {
-        "bare launch (unit)": lambda: bare_kernel[(1,)](x, y, 3),
-        "public, torch.compile (inductor)": lambda: compiled(draft, ids, target, acc, emit, seed,
-                                                             offset),
-        "public, seed tensor": lambda: public(draft, ids, target, acc, emit, seed=seed, offset=offset),
-        "public, seed int": lambda: public(draft, ids, target, acc, emit, seed=1234),
-        "public, seed None": lambda: public(draft, ids, target, acc, emit),
-        "registered op": lambda: OP(draft, ids, target, acc, emit, seed, offset),
-        "piece: launcher alone": lambda: chain_speculative_sampling_triton(
-            draft, ids, target, acc, emit, seed, offset, plain_eager=True),
-        "piece: argument checks": lambda: (check_arguments(names=PUBLIC_NAMES, **tensors),
-                                           check_counters_apart(accepted_num=acc,
-                                                                emitted_num=emit)),
-        "piece: seed int -> tensors": lambda: resolve_seed_and_offset(1234, None, None, device,
-                                                                      cache=True),
-        "piece: seed None -> tensors": lambda: resolve_seed_and_offset(None, None, None, device),
-        "piece: one launch, loaded kernel": launch_of(draft, ids, target, acc, emit, seed, offset),
-        "piece: output allocation": lambda: torch.empty((batch, num_draft + 1), dtype=torch.int32,
-                                                        device=device),
+        BARE: bare_launch(lambda: step(*args)),
+        "public function, seed tensor": lambda: step(*args),
+        "public function, seed int": lambda: public(draft, ids, target, acc, emit, seed=1234),
+        "registered op": lambda: OP(*args),
+        "public function, torch.compile": lambda: compiled(*args),
     }
     if device.type == "cuda":  # a replay's host time: the graph holds the launches alone
-        entries["public, CUDA graph replay"] = captured(
-            lambda: step(draft, ids, target, acc, emit, seed, offset)).replay
+        entries["public function, CUDA graph replay"] = captured(lambda: step(*args)).replay
     return entries
-
-
-def launch_of(*args):
-    """A call of the main kernel's launch as the launcher makes it for these arguments (read from
-    one call), alone: the floor of any call's host time beside the checks and the output."""
-    seen = []
-    real = launch.MAIN.launch
-    launch.MAIN.launch = lambda *given, **options: (seen.append((given, options))
-                                                    or real(*given, **options))
-    try:
-        chain_speculative_sampling_triton(*args, plain_eager=True)
-    finally:
-        launch.MAIN.launch = real
-    ((launch_args, options),) = seen
-    return lambda: real(*launch_args, **options)
 
 
 def sync(device):
@@ -169,16 +140,18 @@ def main(argv=None):
         torch.set_num_threads(1)
     best, loaded_after_warmup = measure(args.batch, args.num_draft, args.vocab, args.rounds,
                                         args.calls)
-    unit = best["bare launch (unit)"]
+    unit = best[BARE]
     where = ("CUDA, real driver: " + torch.cuda.get_device_name() if HAS_CUDA
-             else "no GPU: stand-in driver (Triton's launch path up to the final C call)")
+             else "no GPU: stand-in driver (Triton's launch path up to the driver's launcher)")
     print(f"host time per call, B={args.batch} N={args.num_draft} V={args.vocab}; {where}")
     print(f"torch {torch.__version__}, triton {triton.__version__}; best of {args.rounds} "
           f"interleaved rounds of {args.calls} calls, "
           f"{'on one CPU core' if pinned else 'unpinned'}")
-    print(f"{'entry':32s} {'us':>8s} {'x bare':>8s}")
+    print(f"{'entry':36s} {'us':>8s} {'x bare':>8s}")
     for name, seconds in best.items():
-        print(f"{name:32s} {seconds * 1e6:8.1f} {seconds / unit:8.1f}")
+        print(f"{name:36s} {seconds * 1e6:8.1f} {seconds / unit:8.1f}")
+    if not HAS_CUDA:
+        print("public function, CUDA graph replay: skipped (no GPU)")
     if loaded_after_warmup is not None:
         print(f"modules loaded after warm-up: {loaded_after_warmup}")
     return best

@@ -1,19 +1,21 @@
-"""A stand-in CUDA driver: Triton's real launch path on a machine without a GPU.
+"""A stand-in CUDA driver: Triton's launch path on a machine without a GPU.
 
-Installed as Triton's active driver, it lets ``kernel[grid](...)`` run everything a GPU launch runs
-on the host (the argument binder, specialisation, the kernel-cache lookup, an sm_90 compilation on
-a cache miss, Triton's own CUDA launcher object) up to the final C launch, which it replaces by a
-call that does the C launcher's Python-facing work (the launch hooks, ``data_ptr()`` of every
-argument the kernel's signature makes a pointer) and launches nothing.
-Host time measured through it is the host time of a GPU launch, less the driver's C call.
+Installed as Triton's active driver (``triton.runtime.driver.set_active``), a ``GPUDriver``
+(``triton.backends.driver``) that answers the driver interface on the host: device 0, stream 0,
+an sm_90 target, Hopper's device properties, and a ``utils.load_binary`` that counts the binaries
+it loads and reports each one's registers (read from its cubin with cuobjdump). So
+``kernel[grid](...)`` runs on CPU tensors what it runs for a GPU launch: the argument binder,
+specialisation, the kernel-cache lookup, an sm_90 compilation on a cache miss, the loading, the
+launch metadata and the launch hooks, up to the call of the driver's launcher object
+(``launcher_cls``). The stand-in's launcher calls the hooks, reads every tensor argument's
+``data_ptr()``, records the grid and launches nothing.
 
-Releases whose CUDA launcher is a C module built per signature against libcuda (3.2 and 3.6 among
-them; 3.8 and 3.9 have the Python launcher) cannot build it without a GPU: there the stand-in
-replaces that whole launcher by a Python one (``StandinLauncher``), and host times measured
-through it are not those of a GPU launch, while loads and launches are counted the same.
+Host time measured through it is Triton's host path of a launch less the backend's own launcher
+(Triton's CUDA launcher: its argument packing and the driver's launch call), which the stand-in's
+small launcher replaces.
 
 CPU tensors stand in for CUDA tensors: with ``SPECOPS_BACKEND=triton`` specops routes them to its
-Triton launcher. ``TRITON_INTERPRET`` must be unset before triton is imported (under the
+Triton launchers. ``TRITON_INTERPRET`` must be unset before triton is imported (under the
 interpreter ``@triton.jit`` builds interpreter objects, not compilable kernels).
 
     import standin_driver
@@ -28,7 +30,6 @@ The tensors' contents are never computed: outputs are whatever ``torch.empty`` l
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
@@ -39,14 +40,6 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.driver import GPUDriver  # noqa: E402
-from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
-from triton.compiler.compiler import CompiledKernel  # noqa: E402
-
-# Triton's own launcher is a Python object ending in the C call ``utils.launch`` where the driver
-# module defines PyKernelArg; before that, a C module per signature that links libcuda.
-PYTHON_LAUNCHER = hasattr(nvidia_driver, "PyKernelArg")
-# Newer releases also take the most threads per block from load_binary.
-LOAD_BINARY_GIVES_MAX_THREADS = "n_max_threads" in inspect.getsource(CompiledKernel._init_handles)
 
 # Hopper: H100/H200 figures the launch path reads (shared memory limit, threads per block); the
 # SM count can be changed through STANDIN_SMS, to see launch plans follow the device.
@@ -56,16 +49,8 @@ PROPERTIES = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_c
               "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000,
               "mem_bus_width": 5120}
 MAX_THREADS = 1024
-
-
-class KernelArg:
-    """Python twin of the C launcher's argument annotation (built from driver.c on a CUDA host)."""
-
-    __slots__ = ("nested_tuple", "type")
-
-    def __init__(self, nested_tuple, type):
-        self.nested_tuple = nested_tuple
-        self.type = type
+# What load_binary returns gained the most threads per block in Triton 3.4.
+GIVES_MAX_THREADS = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 4)
 
 
 class StandinUtils:
@@ -75,53 +60,19 @@ class StandinUtils:
         self.modules_loaded = 0
         self.launches = 0
         self.grids = []  # (x, y, z) of every launch, in order
-        self._pointers = {}
 
     def load_binary(self, name, kernel, shared, device):
+        """(module, function, registers, spills[, most threads per block]) of a loaded binary;
+        the registers are the cubin's, as the CUDA driver reports them."""
         self.modules_loaded += 1
-        # (module, function, registers, spills[, most threads per block]); the registers are the
-        # cubin's, as the driver reports them
         loaded = (self.modules_loaded, self.modules_loaded, cubin_registers(kernel), 0)
-        return (*loaded, MAX_THREADS) if LOAD_BINARY_GIVES_MAX_THREADS else loaded
+        return (*loaded, MAX_THREADS) if GIVES_MAX_THREADS else loaded
 
     def unload_module(self, module):
         pass
 
     def get_device_properties(self, device):
         return dict(PROPERTIES)
-
-    def is_stream_capturing(self, stream):
-        return False
-
-    def build_signature_metadata(self, kernel_signature):
-        return tuple(kernel_signature)
-
-    def launch(self, grid_x, grid_y, grid_z, stream, function, cooperative, pdl, kernel_metadata,
-               launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
-               arg_annotations, kernel_signature, kernel_args):
-        # Which arguments are pointers is worked out once per launcher (the C launcher reads each
-        # argument's kind from the signature's bytes, in C): its annotations, made with its
-        # signature, name it.
-        known = self._pointers.get(id(arg_annotations))
-        if known is None:  # kept with its annotations, so that their id is not reused
-            known = self._pointers[id(arg_annotations)] = (
-                arg_annotations, pointer_positions(arg_annotations, kernel_signature))
-        self.record_launch((grid_x, grid_y, grid_z), kernel_args, known[1], launch_metadata,
-                           enter_hook, exit_hook)
-
-    def record_launch(self, grid, kernel_args, pointers, launch_metadata, enter_hook, exit_hook):
-        """The C launcher's Python-facing work: the hooks around the launch, when given, and the
-        address of every pointer argument (None or an int is taken as it is)."""
-        self.grids.append(grid)
-        if enter_hook is not None:
-            enter_hook(launch_metadata)
-        for i in pointers:
-            pointer = kernel_args[i]
-            if pointer is not None and type(pointer) is not int:
-                pointer.data_ptr()
-        self.launches += 1
-        if exit_hook is not None:
-            exit_hook(launch_metadata)
 
 
 def cubin_registers(cubin: bytes) -> int:
@@ -131,43 +82,35 @@ def cubin_registers(cubin: bytes) -> int:
     return resources(cubin)["REG"]
 
 
-def pointer_positions(arg_annotations, kernel_signature) -> tuple[int, ...]:
-    """Positions in a launch's arguments of the tensors its signature passes as pointers
-    (constexpr arguments are in the arguments, not in the signature)."""
-    kernel_types = iter(kernel_signature)
-    positions = []
-    for position, annotation in enumerate(arg_annotations):
-        if annotation.type != nvidia_driver.ARG_CONSTEXPR and next(kernel_types).startswith("*"):
-            positions.append(position)
-    return tuple(positions)
-
-
 class StandinLauncher:
-    """Triton's CUDA launcher where its C function is built per signature (it links libcuda),
-    shaped as that launcher is: ``launch`` in the C function's place calls the enter and exit
-    hooks, reads the argument addresses and counts; it launches nothing."""
+    """The driver's launcher of one compiled kernel (``launcher_cls(src, metadata)``), called with
+    the grid, the stream, the loaded function, the packed metadata, the launch metadata, the enter
+    and exit hooks and then the kernel's arguments: the hooks around the launch, when given, and
+    the address of every tensor argument; it launches nothing."""
 
     def __init__(self, src, metadata):
-        self.launch = self.c_launch
+        pass
 
-    def __call__(self, *args):
-        self.launch(*args)
-
-    @staticmethod
-    def c_launch(grid_x, grid_y, grid_z, stream, function, kernel_metadata, launch_metadata,
-                 enter_hook, exit_hook, *kernel_args):
-        tensors = [i for i, arg in enumerate(kernel_args) if isinstance(arg, torch.Tensor)]
-        triton.runtime.driver.active.utils.record_launch((grid_x, grid_y, grid_z), kernel_args,
-                                                         tensors, launch_metadata, enter_hook,
-                                                         exit_hook)
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, packed_metadata,
+                 launch_metadata, enter_hook, exit_hook, *kernel_args):
+        utils = triton.runtime.driver.active.utils
+        utils.grids.append((grid_x, grid_y, grid_z))
+        if enter_hook is not None:
+            enter_hook(launch_metadata)
+        for arg in kernel_args:
+            if isinstance(arg, torch.Tensor):
+                arg.data_ptr()
+        utils.launches += 1
+        if exit_hook is not None:
+            exit_hook(launch_metadata)
 
 
 class StandinDriver(GPUDriver):
-    """Triton's CUDA driver with the CUDA calls answered on the host: device 0, stream 0, sm_90."""
+    """Triton's GPU driver interface answered on the host: device 0, stream 0, sm_90."""
 
-    launcher_cls = nvidia_driver.CudaLauncher if PYTHON_LAUNCHER else StandinLauncher
+    launcher_cls = StandinLauncher
 
-    def __init__(self):
+    def __init__(self):  # GPUDriver's would bind torch.cuda's device and stream functions
         self.utils = StandinUtils()
 
     @staticmethod
@@ -196,7 +139,7 @@ class StandinDriver(GPUDriver):
         return torch.cuda
 
     def map_python_to_cpp_type(self, ty):
-        return nvidia_driver.ty_to_cpp(ty)
+        raise NotImplementedError("the stand-in driver builds no C launcher")
 
     def get_benchmarker(self):
         raise RuntimeError("the stand-in driver launches nothing, so it cannot benchmark kernels")
@@ -204,10 +147,6 @@ class StandinDriver(GPUDriver):
 
 def install() -> StandinDriver:
     """Make a new stand-in driver Triton's active driver and return it."""
-    # Triton's CUDA launcher annotates arguments with classes its C module defines on a CUDA host.
-    if PYTHON_LAUNCHER and nvidia_driver.PyKernelArg is None:
-        nvidia_driver.PyKernelArg = KernelArg
-        nvidia_driver.ARG_CONSTEXPR, nvidia_driver.ARG_KERNEL, nvidia_driver.ARG_TUPLE = 0, 1, 2
     driver = StandinDriver()
     triton.runtime.driver.set_active(driver)
     return driver

@@ -1,11 +1,11 @@
-"""Launching ``logits_triton.row_statistics_kernel``: one program per row of logits, through the
-one launcher (core/launcher.py)."""
+"""Launching ``logits_triton.row_statistics_kernel``: one program per row of logits, one
+``kernel[grid]`` launch (core/launcher.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from .launcher import TritonKernel, alignment, build_options
+from .launcher import TritonKernel, build_options
 from .logits_triton import row_statistics_kernel
 from .race import CHUNK_SIZE
 
@@ -31,13 +31,7 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         return stats
     stride_b, stride_n, _ = logits.stride()
     strides = [int(p.numel() != 1) * p.stride(0) for p in (temperature, top_k, top_p, min_p)]
-    args = (logits, stats, temperature, top_k, top_p, min_p, positions, vocab, stride_b,
-            stride_n, *strides)
-    # What Triton specialises on: the pointers' dtypes, the row addressing's 16-byte alignment,
-    # and whether the unspecialised integers fit in 32 bits.
-    key = (logits.dtype, temperature.dtype, top_k.dtype, top_p.dtype, min_p.dtype,
-           alignment((logits.data_ptr(),), (vocab, stride_b, stride_n)),
-           max(positions, *strides) < 2**31)
-    STATISTICS.launch((batch * positions,), STATISTICS.compiled(key, args, (CHUNK_SIZE,)), args,
-                      (CHUNK_SIZE,))
+    STATISTICS.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p,
+                                        positions, vocab, stride_b, stride_n, *strides,
+                                        CHUNK=CHUNK_SIZE, **STATISTICS.options)
     return stats

@@ -46,19 +46,21 @@ class Device(NamedTuple):
 
 @functools.lru_cache(maxsize=16)
 def device(index: int) -> Device:
-    """GPU ``index`` as the model needs it: per SM, from torch's device properties where torch has
-    them; else the current Triton driver's per-block limits (a block may take an SM's registers on
-    NVIDIA GPUs since Maxwell, and all but about 1 KB of its shared memory)."""
+    """GPU ``index`` as the model needs it, from torch's device properties; where torch has no CUDA
+    (benchmarks/standin_driver.py runs Triton's launch path without a GPU), from the Triton
+    driver's, as Triton's fused-softmax tutorial reads them (a block may take an SM's registers
+    on NVIDIA GPUs since Maxwell, and all but about 1 KB of its shared memory)."""
     import torch
+
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_properties(index)
+        return Device(gpu.multi_processor_count, gpu.regs_per_multiprocessor,
+                      gpu.shared_memory_per_multiprocessor, gpu.max_threads_per_multi_processor)
     import triton
 
     properties = triton.runtime.driver.active.utils.get_device_properties(index)
-    per_sm = torch.cuda.get_device_properties(index) if torch.cuda.is_available() else None
-    return Device(
-        properties["multiprocessor_count"],
-        getattr(per_sm, "regs_per_multiprocessor", None) or properties["max_num_regs"],
-        getattr(per_sm, "shared_memory_per_multiprocessor", None) or properties["max_shared_mem"],
-        getattr(per_sm, "max_threads_per_multi_processor", None))
+    return Device(properties["multiprocessor_count"], properties["max_num_regs"],
+                  properties["max_shared_mem"], None)
 
 
 def resident_programs(registers: int, num_warps: int, shared: int, gpu: Device) -> int:
@@ -108,8 +110,8 @@ def best_plan(rows: int, chunks: int, slots: int, chunk_bytes: int,
 
 def row_split(compiled, rows: int, chunks: int, chunk_bytes: int, max_programs: int,
               programs: int | None = None) -> tuple[int, int]:
-    """(programs per row, chunks per program) of a launch of ``compiled`` (a
-    ``launcher.Compiled``) over ``rows`` rows of ``chunks`` chunks on its device: ``programs``
+    """(programs per row, chunks per program) of a launch of the kernel ``compiled`` describes (a
+    ``launcher.Resources``) over ``rows`` rows of ``chunks`` chunks on its device: ``programs``
     where given (tests show tokens do not depend on it), else the model's choice, or 1 where there
     is no compiled kernel (the interpreter, which runs every program in turn); at most
     ``max_programs``, and rounded so that every program has a chunk."""
@@ -121,7 +123,8 @@ def row_split(compiled, rows: int, chunks: int, chunk_bytes: int, max_programs: 
 
 def programs_per_row(compiled, rows: int, chunks: int, chunk_bytes: int,
                      max_programs: int) -> int:
-    """The model's programs per row for a launch of ``compiled`` (``row_split``'s first value)."""
+    """The model's programs per row for a launch of the kernel ``compiled`` describes
+    (``row_split``'s first value)."""
     return row_split(compiled, rows, chunks, chunk_bytes, max_programs)[0]
 
 

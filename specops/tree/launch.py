@@ -1,12 +1,12 @@
-"""Launching the tree kernel: the three outputs, then one launch of grid (B,) through
-``core/launcher.py``. One program walks one request's tree, so there is no launch plan to make and
-no partials to combine (docs/performance.md, "Tree verification", says why)."""
+"""Launching the tree kernel: the three outputs, then one ``kernel[grid]`` launch of grid (B,).
+One program walks one request's tree, so there is no launch plan to make and no partials to
+combine (docs/performance.md, "Tree verification", says why)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..core.launcher import FOUR_WARPS, TritonKernel, alignment
+from ..core.launcher import FOUR_WARPS, TritonKernel
 from ..core.race import CHUNK_SIZE
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
@@ -54,19 +54,10 @@ def tree_speculative_sampling_triton(
     stride_pb, stride_pn = parents.stride()
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
-    args = (target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
-            emitted, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-            stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
-            int(with_replacement), slots.slots_per_draw(vocab))
-    constexprs = (has_draft, block_m(num_nodes), GROUP, CHUNK_SIZE)  # HAS_DRAFT, BLOCK_M, ...
-    # What Triton specialises on beyond the checks (seed and offset int64, draft_probs of
-    # target_probs' dtype): the id and parent dtypes, the row arguments' 16-byte alignment, and
-    # whether the unspecialised integers fit in 32 bits.
-    key = (constexprs, target_probs.dtype, draft_token_ids.dtype, parents.dtype,
-           alignment((target_probs.data_ptr(), draft.data_ptr()),
-                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
-           max(stride_ib, stride_in, stride_pb, stride_pn, seed_stride, offset_stride,
-               num_nodes) < 2**31)
-    compiled = KERNEL.compiled(key, args, constexprs)
-    KERNEL.launch((batch,), compiled, args, constexprs)
+    KERNEL.fn[(batch,)](
+        target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
+        emitted, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+        stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
+        int(with_replacement), slots.slots_per_draw(vocab), HAS_DRAFT=has_draft,
+        BLOCK_M=block_m(num_nodes), GROUP=GROUP, CHUNK=CHUNK_SIZE, **KERNEL.options)
     return out_tokens, out_nodes, emitted

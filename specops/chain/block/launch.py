@@ -1,13 +1,13 @@
 """Launching the block-verification kernels: programs per candidate row from the launch model
-(``core/occupancy.py``), the output and the row pass's partials, two launches through
-``core/launcher.py``."""
+(``core/occupancy.py``), the output and the row pass's partials, then two ``kernel[grid]``
+launches (``core/launcher.py``)."""
 
 from __future__ import annotations
 
 import torch
 
 from ...core import occupancy
-from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, direct_launch, placeholder
+from ...core.launcher import FOUR_WARPS, TritonKernel, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS
 from ...core.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
@@ -68,24 +68,18 @@ def block_speculative_sampling_triton(
     no_stats = placeholder(out.device, torch.float64)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
-    row_constexprs = (has_draft, GROUP, CHUNK_SIZE, logits, draft_logits)
-    # HAS_DRAFT, GROUP, CHUNK, LOGITS, DRAFT_LOGITS
+    row_constexprs = dict(HAS_DRAFT=has_draft, GROUP=GROUP, CHUNK=CHUNK_SIZE, LOGITS=logits,
+                          DRAFT_LOGITS=draft_logits)
     row_args = [target_probs, draft, draft_token_ids, seed, offset,
                 placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
                 target_stats, draft_stats, num_draft, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
                 offset_stride, per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)]
-    # What Triton specialises both kernels on beyond the checks (seed and offset int64): the other
-    # pointers' dtypes, the row arguments' 16-byte alignment, and whether the unspecialised
-    # integers fit in 32 bits.
-    key = (target_probs.dtype, draft.dtype, draft_token_ids.dtype,
-           alignment((target_probs.data_ptr(), draft.data_ptr()),
-                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
-           max(stride_ib, stride_in, seed_stride, offset_stride, accepted_num.stride(0),
-               emitted_num.stride(0)) < 2**31)
     row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
-    compiled = row_pass.compiled((row_constexprs, key), row_args, row_constexprs)
-    splits, per_program = occupancy.row_split(compiled, rows, chunks,
+    # The plan's look-up runs before the partials and masses exist: the placeholders have their
+    # dtypes.
+    resources = row_pass.resources(*row_args, **row_constexprs)
+    splits, per_program = occupancy.row_split(resources, rows, chunks,
                                               CHUNK_SIZE * target_probs.element_size(),
                                               MAX_SPLITS, None if num_splits is None
                                               else int(num_splits))
@@ -94,20 +88,16 @@ def block_speculative_sampling_triton(
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
     masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
     row_args[5], row_args[6], row_args[11] = partials, masses, per_program
-    direct = direct_launch(row_pass, SCAN)
-    row_pass.launch((batch, num_draft + 1, splits), compiled, row_args, row_constexprs, direct)
-    scan_args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-                 partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
-                 stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
-                 emitted_num.stride(0), seed_stride, offset_stride, per_request,
-                 slots.stop_slot(num_draft, 0))
-    # HAS_DRAFT, BLOCK_N, BLOCK_S (fixed: the batch size selects no kernel), CHUNK, LOGITS,
-    # DRAFT_LOGITS
-    scan_constexprs = (has_draft, 1 << num_draft.bit_length(), MAX_SPLITS, CHUNK_SIZE, logits,
-                       draft_logits)
-    scan_key = (scan_constexprs, key, accepted_num.dtype, emitted_num.dtype)
-    scan = SCAN.compiled(scan_key, scan_args, scan_constexprs, compiled.device if compiled else None)
-    SCAN.launch((batch,), scan, scan_args, scan_constexprs, direct)
+    row_pass.fn[(batch, num_draft + 1, splits)](*row_args, **row_constexprs, **row_pass.options)
+    # BLOCK_S is fixed: the batch size selects no kernel.
+    SCAN.fn[(batch,)](
+        target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
+        partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
+        stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
+        emitted_num.stride(0), seed_stride, offset_stride, per_request,
+        slots.stop_slot(num_draft, 0), HAS_DRAFT=has_draft, BLOCK_N=1 << num_draft.bit_length(),
+        BLOCK_S=MAX_SPLITS, CHUNK=CHUNK_SIZE, LOGITS=logits, DRAFT_LOGITS=draft_logits,
+        **SCAN.options)
     return out
 
 

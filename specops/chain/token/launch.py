@@ -1,7 +1,7 @@
 """Launching the token-verification kernel: programs per request from the launch model
 (``core/occupancy.py``), the output and, with P > 1, scratch for the row-pass partials and
 arrival counts (``core/workspace.py``: the stream's for a plain eager call, else the call's own),
-then one launch through ``core/launcher.py``."""
+then one ``kernel[grid]`` launch (``core/launcher.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ...core import occupancy
-from ...core.launcher import FOUR_WARPS, TritonKernel, alignment, current_stream, placeholder
+from ...core.launcher import FOUR_WARPS, TritonKernel, current_stream, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS
 from ...core.race import CHUNK_SIZE, num_chunks
 from ...core.workspace import scratch
@@ -97,41 +97,33 @@ def chain_speculative_sampling_triton(
     no_arrivals = placeholder(device, torch.int32)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
-    # HAS_DRAFT, BLOCK_N, GROUP, CHUNK, LOGITS, DRAFT_LOGITS, BLOCK_P
-    constexprs = (has_draft, lanes, GROUP, CHUNK_SIZE, logits, draft_logits,
-                  MAX_PROGRAMS_PER_REQUEST)
-    # What Triton specialises on beyond the checks (seed and offset int64): the other pointers'
-    # dtypes, the row arguments' 16-byte alignment, and whether the unspecialised integers fit
-    # in 32 bits.
-    key = (constexprs, target_probs.dtype, draft.dtype, draft_token_ids.dtype, accepted_num.dtype,
-           emitted_num.dtype,
-           alignment((target_probs.data_ptr(), draft.data_ptr()),
-                     (vocab, stride_tb, stride_tn, stride_db, stride_dn)),
-           max(stride_ib, stride_in, stride_acc, stride_emit, seed_stride, offset_stride) < 2**31)
+    constexprs = dict(HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
+                      LOGITS=logits, DRAFT_LOGITS=draft_logits, BLOCK_P=MAX_PROGRAMS_PER_REQUEST)
     main = MAIN_FROM_LOGITS if logits else MAIN
-    compiled = main.compiled(key, (target_probs, draft, draft_token_ids, accepted_num,
-                                   emitted_num, seed, offset, out, no_stats, no_arrivals,
-                                   target_stats, draft_stats, num_draft, vocab,
-                                   stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-                                   stride_in, stride_acc, stride_emit, seed_stride,
-                                   offset_stride, int(seed_per_request), 1, cdf_slot, race_slot0),
-                             constexprs)
-    programs, per_program = occupancy.row_split(compiled, batch, chunks,
+    # The plan's look-up runs before the partials exist: the placeholders have their dtypes.
+    resources = main.resources(target_probs, draft, draft_token_ids, accepted_num, emitted_num,
+                               seed, offset, out, no_stats, no_arrivals, target_stats,
+                               draft_stats, num_draft, vocab, stride_tb, stride_tn, stride_db,
+                               stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
+                               seed_stride, offset_stride, int(seed_per_request), 1, cdf_slot,
+                               race_slot0, **constexprs)
+    programs, per_program = occupancy.row_split(resources, batch, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
                                                 MAX_PROGRAMS_PER_REQUEST, programs)
     # The driver's handle of the stream the launch is queued on (None under the interpreter).
-    stream = None if compiled is None else current_stream(compiled.device)
+    stream = None if resources is None else current_stream(resources.device)
     if programs > 1:
         # The programs' partial results (kernel.py has the layout) and their arrival counts.
         partials, arrivals = scratch(device, stream, batch * programs * FIELDS, batch,
                                      keep=plain_eager)
     else:
         partials, arrivals = no_stats, no_arrivals
-    args = (target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-            partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
-            stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
-            offset_stride, int(seed_per_request), per_program, cdf_slot, race_slot0)
-    main.launch((batch, programs), compiled, args, constexprs, stream=stream)
+    main.fn[(batch, programs)](
+        target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
+        partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
+        stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
+        offset_stride, int(seed_per_request), per_program, cdf_slot, race_slot0, **constexprs,
+        **main.options)
     return out
 
 
