@@ -89,12 +89,11 @@ def make_entries(batch, num_draft, vocab, device):
         "public, seed None": lambda: public(draft, ids, target, acc, emit),
         "registered op": lambda: OP(draft, ids, target, acc, emit, seed, offset),
         "piece: launcher alone": lambda: chain_speculative_sampling_triton(
-            draft, ids, target, acc, emit, seed, offset, plain_eager=True),
+            draft, ids, target, acc, emit, seed, offset),
         "piece: argument checks": lambda: (check_arguments(names=PUBLIC_NAMES, **tensors),
                                            check_counters_apart(accepted_num=acc,
                                                                 emitted_num=emit)),
-        "piece: seed int -> tensors": lambda: resolve_seed_and_offset(1234, None, None, device,
-                                                                      cache=True),
+        "piece: seed int -> tensors": lambda: resolve_seed_and_offset(1234, None, None, device),
         "piece: seed None -> tensors": lambda: resolve_seed_and_offset(None, None, None, device),
         "piece: one launch, loaded kernel": launch_of(draft, ids, target, acc, emit, seed, offset),
         "piece: output allocation": lambda: torch.empty((batch, num_draft + 1), dtype=torch.int32,
@@ -114,7 +113,7 @@ def launch_of(*args):
     launch.MAIN.launch = lambda *given, **options: (seen.append((given, options))
                                                     or real(*given, **options))
     try:
-        chain_speculative_sampling_triton(*args, plain_eager=True)
+        chain_speculative_sampling_triton(*args)
     finally:
         launch.MAIN.launch = real
     ((launch_args, options),) = seen
