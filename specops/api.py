@@ -2,15 +2,11 @@
 
 ``chain_speculative_sampling`` is FlashInfer's function of that name: it allocates the counters
 when none are given, turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors, checks
-the arguments under the names the caller used, and runs ``torch.ops.specops.chain_speculative_
+the arguments under the names the caller used, and calls ``torch.ops.specops.chain_speculative_
 sampling`` (or its block twin). ``tree_speculative_sampling`` does the same for a tree of drafts
 and ``torch.ops.specops.tree_speculative_sampling`` (docs/semantics.md, "Tree verification").
-
-Where ``core.registry.skips_dispatcher`` allows (a plain eager call: real tensors, nothing tracing
-or intercepting it, no user kernel registered for the device), a function calls the op's eager
-entry itself: the same checks and kernels, without custom_op's Python layers (docs/performance.md,
-"Host time per call"). Anything that may be recording the call gets the registered op, which is
-what graphs hold.
+Every call goes through the registered op, so eager calls, traced calls and a user's kernel for a
+device all see the same op.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
 from .core import logits as _params
 from .core.checks import require_tensor
-from .core.registry import skips_dispatcher
 from .core.seeding import SeedLike, resolve_seed_and_offset
 from .tree import arguments as _tree_arguments
 from .tree import op as _tree_op
@@ -37,8 +32,6 @@ PUBLIC_NAMES = ArgumentNames(
 )
 LOGITS_NAMES = LogitsNames(chain=PUBLIC_NAMES._replace(target_probs="target_logits"))
 VERIFICATIONS = ("token", "block")
-# Python-number sampling parameters as the ops' tensors, per (parameter, value, device).
-_PARAMETER_CONSTANTS: dict = {}
 Number = Union[int, float, torch.Tensor, None]
 
 
@@ -105,21 +98,15 @@ def chain_speculative_sampling(
 
     verifier = (_op.chain_speculative_sampling_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_op)
-    eager = skips_dispatcher(verifier.registered, device, draft_probs, draft_token_ids,
-                             target_probs, accepted, emitted, seed, offset)
-    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
     # Under Dynamo the storage comparison cannot be traced; the op's fake implementation runs it.
-    if eager or not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
-    if eager:
-        output = verifier.run(draft_probs, draft_token_ids, target_probs, accepted, emitted,
-                              seed_t, offset_t, PUBLIC_NAMES, plain_eager=True)
-        return output, accepted, emitted
-    output = verifier.registered.op(draft_probs, draft_token_ids, target_probs, accepted, emitted,
-                                    seed_t, offset_t, deterministic)
+    output = verifier(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
+                      offset_t, deterministic)
     return output, accepted, emitted
 
 
@@ -171,23 +158,17 @@ def chain_speculative_sampling_from_logits(
                                                maybe_output_emitted_draft_token_num)
     verifier = (_op.chain_speculative_sampling_from_logits_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_from_logits_op)
-    eager = skips_dispatcher(verifier.registered, device, draft_probs, draft_token_ids,
-                             target_logits, draft_logits, accepted, emitted, seed, offset,
-                             temperature, top_k, top_p, min_p)
-    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
-    cache = _PARAMETER_CONSTANTS if eager else None  # a traced call builds its own constants
-    parameters = {name: _params.as_parameter(name, value, device, cache)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+    parameters = {name: _params.as_parameter(name, value, device)
                   for name, value in (("temperature", temperature), ("top_k", top_k),
                                       ("top_p", top_p), ("min_p", min_p))}
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                            emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
-    if eager or not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
-    args = (draft_probs, draft_token_ids, target_logits, draft_logits, accepted, emitted, seed_t,
-            offset_t, *parameters.values())
-    if eager:
-        return verifier.run(*args, names=LOGITS_NAMES, plain_eager=True), accepted, emitted
-    return verifier.registered.op(*args), accepted, emitted
+    output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
+                      emitted, seed_t, offset_t, *parameters.values())
+    return output, accepted, emitted
 
 
 def tree_speculative_sampling(
@@ -231,14 +212,8 @@ def tree_speculative_sampling(
     """
     require_tensor("target_probs", target_probs)
     device = target_probs.device
-    tree = _tree_op.tree_speculative_sampling_op
-    eager = skips_dispatcher(tree.registered, device, draft_probs, draft_token_ids, parents,
-                             target_probs, seed, offset)
-    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device, cache=eager)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     _tree_arguments.check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed_t,
                                     offset_t, with_replacement)
-    if eager:
-        return tree.run(draft_probs, draft_token_ids, parents, target_probs, seed_t, offset_t,
-                        with_replacement)
-    return tree.registered.op(draft_probs, draft_token_ids, parents, target_probs, seed_t,
-                              offset_t, with_replacement)
+    return _tree_op.tree_speculative_sampling_op(draft_probs, draft_token_ids, parents,
+                                                 target_probs, seed_t, offset_t, with_replacement)

@@ -105,9 +105,8 @@ def test_tensors_on_a_device_that_is_not_current():
 
 
 def test_streams_and_graph_replays_keep_their_own_scratch():
-    """Split requests on two streams at once, each plain eager call keeping its stream's scratch,
-    and a captured graph replayed on a third while they run: each call's tokens are the
-    reference's, so no two share partials or arrival counts."""
+    """Split requests on two streams at once, and a captured graph replayed on a third while they
+    run: each call's tokens are the reference's, so no two share partials or arrival counts."""
     batch, num_draft, vocab = 8, 3, 128256
     inputs = [make_inputs(batch, num_draft, vocab, seed=s) for s in (1, 2, 3)]
     acc, emit, seed, offset = op_args(batch)
@@ -117,7 +116,7 @@ def test_streams_and_graph_replays_keep_their_own_scratch():
     def call(index):
         q, ids, target = inputs[index]
         return chain_speculative_sampling_triton(q, ids, target, acc.clone(), emit.clone(), seed,
-                                                 offset, programs=16, plain_eager=True)
+                                                 offset, programs=16)
 
     warm_up(lambda: call(2))
     graph, graph_out = capture(lambda: call(2))

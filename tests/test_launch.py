@@ -105,51 +105,6 @@ def test_launch_plans_come_from_the_compiled_kernel_and_the_device():
 
 # ------------------------------------------------------------------------------ the launcher
 
-def test_scratch_is_per_stream_and_grows_zeroed():
-    """A stream's plain calls reuse its scratch; another stream (or device) never shares it, or two
-    requests' partials would mix; grown scratch has zero arrival counts, or the wrong program of a
-    request would combine."""
-    from specops.core.workspace import scratch
-
-    cpu = torch.device("cpu")
-    first = scratch(cpu, 1001, 48, 16, keep=True)
-    assert scratch(cpu, 1001, 30, 10, keep=True) is first  # smaller needs: the same scratch
-    other = scratch(cpu, 1002, 48, 16, keep=True)
-    assert other.partials.data_ptr() != first.partials.data_ptr()
-    assert other.arrivals.data_ptr() != first.arrivals.data_ptr()
-    first.arrivals[:16] = 0  # as every launch leaves them
-    grown = scratch(cpu, 1001, 5000, 300, keep=True)
-    assert grown.partials.numel() >= 5000 and grown.arrivals.numel() >= 300
-    assert not grown.arrivals.any()
-
-
-def test_only_plain_eager_calls_keep_scratch():
-    """A call something may record (the registered op, in a compiled graph whose warm-up draws
-    from the graph's memory pool) must not keep memory between calls; a plain public call keeps
-    the stream's. Both give the reference's tokens."""
-    from specops.chain.token.launch import chain_speculative_sampling_triton
-    from specops.chain.token.reference import chain_speculative_sampling_reference
-    from specops.core import workspace
-
-    g = torch.Generator().manual_seed(2)
-    batch, num_draft, vocab = 2, 2, 2100  # 3 chunks: 2 programs per request
-    draft = torch.rand(batch, num_draft, vocab, generator=g)
-    target = torch.rand(batch, num_draft + 1, vocab, generator=g)
-    ids = torch.randint(0, vocab, (batch, num_draft), generator=g)
-    seed, offset = torch.tensor([5]), torch.tensor([0])
-
-    def counters():
-        return torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)
-
-    expected = chain_speculative_sampling_reference(draft, ids, target, *counters(), seed, offset)
-    workspace._KEPT.scratch = {}
-    for plain_eager in (False, True):
-        out = chain_speculative_sampling_triton(draft, ids, target, *counters(), seed, offset,
-                                                programs=2, plain_eager=plain_eager)
-        assert torch.equal(out, expected)
-        assert len(workspace._KEPT.scratch) == int(plain_eager)
-
-
 NO_NEW_KERNELS = r'''
 import json, sys
 import torch, triton

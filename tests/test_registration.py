@@ -1,7 +1,7 @@
-"""The one registration path: every call of a registered op goes through custom_op (the user's own
-kernels honoured), and the public functions' plain-eager path (core/registry.py,
-``skips_dispatcher``) gives what the registered op gives, and leaves every call that something may
-record or reinterpret to the registered op.
+"""The one call path: every public function calls its registered op (core/registry.py,
+``register_op``), so the op's kernel, checks and version bumps serve every call, and a kernel a user
+registers for a device (``torch.library.register_kernel`` or ``torch.library.impl``) serves that
+device's calls of the public functions too.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_triton_backend_without_driver_says_what_to_set():
 
 
 # ----------------------------------------------------------------------------------------------
-# The public function's plain-eager path: the op's results; the op whenever something may record
+# The public functions call the registered op
 
 
 def inputs(batch=6, num_draft=3, vocab=700, seed=0):
@@ -75,7 +75,7 @@ def test_public_function_matches_registered_op(seed_form):
         out, acc, emit = specops.chain_speculative_sampling(draft, d, p, seed=seed, offset=None)
         torch.manual_seed(11)
         recorder = OpRecorder()
-        with recorder:  # a dispatch mode is active: the public function takes the registered op
+        with recorder:  # the dispatch mode sees every op the public function calls
             out2, acc2, emit2 = specops.chain_speculative_sampling(draft, d, p, seed=seed)
         assert OP.default in recorder.ops
         assert torch.equal(out, out2) and torch.equal(acc, acc2) and torch.equal(emit, emit2)
@@ -89,22 +89,8 @@ def test_public_function_bumps_counter_versions_like_the_op():
                  lambda: OP(q, d, p, acc, emit, torch.tensor([1]), torch.tensor([0]))):
         before = acc._version, emit._version
         call()
-        # Autograd sees the counters change, on the plain-eager path as through the op.
+        # Autograd sees the counters change (custom_op bumps the versions of mutated arguments).
         assert acc._version > before[0] and emit._version > before[1]
-
-
-def test_int_seed_constants_are_shared_and_never_written():
-    q, d, p = inputs()
-    from specops.core.seeding import resolve_seed_and_offset
-
-    s1, o1 = resolve_seed_and_offset(77, None, None, p.device, cache=True)
-    s2, o2 = resolve_seed_and_offset(77, None, None, p.device, cache=True)
-    assert s1 is s2 and o1 is o2 and s1.tolist() == [77] and o1.tolist() == [0]
-    specops.chain_speculative_sampling(q, d, p, seed=77)
-    assert s1.tolist() == [77] and o1.tolist() == [0]
-    # A traced call builds its own (the graph holds them as constants).
-    s3, _ = resolve_seed_and_offset(77, None, None, p.device, cache=False)
-    assert s3 is not s1
 
 
 def test_make_fx_and_vmap_see_the_registered_op():
@@ -247,3 +233,42 @@ def test_a_users_kernel_is_honoured_by_the_op_and_the_public_function():
     assert report["calls"] == ["cpu", "cpu"]  # the op, then the public function
     assert report["op"] == report["public"] == [[7, 7, 7]] * 3
     assert not report["block_is_7"]  # another op keeps its own kernel
+
+
+def _public_call(name):
+    """A call of the public function that runs ``specops::<name>``, on 3 requests of 2 drafts."""
+    q, d, p = inputs(batch=3, num_draft=2, vocab=64)
+    if name == "chain_speculative_sampling":
+        return lambda: specops.chain_speculative_sampling(q, d, p, seed=1)[0]
+    if name == "chain_block_speculative_sampling":
+        return lambda: specops.chain_speculative_sampling(q, d, p, seed=1,
+                                                          verification="block")[0]
+    if name == "chain_speculative_sampling_from_logits":
+        return lambda: specops.chain_speculative_sampling_from_logits(None, d, p.log(), seed=1,
+                                                                      top_k=5)[0]
+    return lambda: specops.tree_speculative_sampling(None, d, torch.zeros_like(d), p, seed=1)[0]
+
+
+def _sevens(*args):
+    """A user's kernel: 7 everywhere, in the shapes of the op's outputs."""
+    sevens = torch.full((3, 3), 7, dtype=torch.int32)
+    if args[2].dim() == 2:  # the tree's op: (draft, ids, parents, ...)
+        return sevens, sevens[:, :2].clone(), sevens[:, 0].clone()
+    return sevens
+
+
+@pytest.mark.parametrize("name", ["chain_speculative_sampling", "chain_block_speculative_sampling",
+                                  "chain_speculative_sampling_from_logits",
+                                  "tree_speculative_sampling"])
+def test_a_users_impl_for_a_device_serves_the_public_function(name):
+    call = _public_call(name)
+    before = call()
+    assert not (before == 7).all()
+    # The registration lasts as long as its Library: deleting it restores the op's own kernel.
+    lib = torch.library.Library("specops", "FRAGMENT")
+    try:
+        torch.library.impl(f"specops::{name}", "cpu", _sevens, lib=lib)
+        assert (call() == 7).all()
+    finally:
+        del lib
+    assert torch.equal(call(), before)

@@ -1,6 +1,7 @@
 """Verifiers of a chain of drafts from logits: token and block verification of the distributions
-each request's sampling parameters make of the target's logits (core/logits.py), as registered
-ops with one schema, one fake and one eager entry.
+each request's sampling parameters make of the target's logits (core/logits.py): the schema,
+argument check, value check and fake's outputs their registered ops share
+(``core.registry.register_op``).
 
 The drafts come from ``draft_probs`` as given, from ``draft_logits`` processed with the same
 parameters, or greedily (neither: one-hot drafts).
@@ -8,14 +9,13 @@ parameters, or greedily (neither: one-hot drafts).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..core import logits as params
 from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index,
-                          require_tensor, shape, validation_enabled)
-from ..core.registry import Backends, RegisteredOp, register_op
+                          require_tensor, shape)
 from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_counters_apart,
                         check_values)
 
@@ -88,54 +88,34 @@ def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logit
     params.check_parameter_values(parameters)
 
 
-class LogitsVerifier(NamedTuple):
-    """A registered verifier from logits: the op, and its eager entry for checked arguments."""
-
-    registered: RegisteredOp
-    run: Callable[..., torch.Tensor]
+MUTATES_ARGS = ("accepted_num", "emitted_num")
 
 
-def register_logits_verifier(qualname: str, backends: Backends) -> LogitsVerifier:
-    """Register ``torch.ops.<qualname>`` with the from-logits schema. Each backend takes the
-    schema's twelve tensor arguments."""
+def _parameters(temperature, top_k, top_p, min_p) -> dict:
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
-    def run(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-            emitted_num, seed, offset, temperature, top_k, top_p, min_p,
-            names: LogitsNames = OP_NAMES, plain_eager: bool = False):
-        torch._C._increment_version((accepted_num, emitted_num))
-        if validation_enabled():
-            check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                                dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                                     min_p=min_p), names)
-        return backends.run(target_logits.device, draft_probs, draft_token_ids, target_logits,
-                            draft_logits, accepted_num, emitted_num, seed, offset, temperature,
-                            top_k, top_p, min_p, plain_eager=plain_eager)
 
-    def checked(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p):
-        check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
-                               accepted_num, emitted_num, seed, offset,
-                               dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                                    min_p=min_p))
-        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
+def check(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num,
+          seed, offset, temperature, top_k, top_p, min_p) -> None:
+    """The registered op's argument check: ``check_logits_arguments`` and counters apart; errors
+    name the schema's arguments."""
+    check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
+                           accepted_num, emitted_num, seed, offset,
+                           _parameters(temperature, top_k, top_p, min_p))
+    check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
-    def kernel(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-               emitted_num, seed, offset, temperature, top_k, top_p, min_p):
-        args = (draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p)
-        checked(*args)
-        return run(*args)
 
-    def fake(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-             emitted_num, seed, offset, temperature, top_k, top_p, min_p):
-        checked(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p)
-        batch, num_draft = draft_token_ids.shape
-        return target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32)
+def check_op_values(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
+                    emitted_num, seed, offset, temperature, top_k, top_p, min_p) -> None:
+    """The registered op's SPECOPS_VALIDATE=1 check (``check_logits_values``)."""
+    check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
+                        _parameters(temperature, top_k, top_p, min_p))
 
-    registered = register_op(qualname, SCHEMA, kernel=kernel, fake=fake,
-                             mutates_args=("accepted_num", "emitted_num"))
-    return LogitsVerifier(registered=registered, run=run)
+
+def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:
+    """output_token_ids, empty: (B, N + 1) int32."""
+    batch, num_draft = draft_token_ids.shape
+    return target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32)
 
 
 def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:

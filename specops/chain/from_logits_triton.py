@@ -12,7 +12,7 @@ def on_row_statistics(verify):
     statistics first, then ``verify`` reading the logits through them (its ``target_stats`` and
     ``draft_stats``); no processed probabilities are written."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch, **options):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch):
         parameters = (temperature, top_k, top_p, min_p)
         target_logits = (target_logits if target_logits.stride(2) == 1
                          else target_logits.contiguous())  # the row loops' unit stride
@@ -24,8 +24,7 @@ def on_row_statistics(verify):
             draft_stats = row_statistics(draft_logits, *parameters)
             draft_probs = draft_logits
         return verify(draft_probs, draft_token_ids, target_logits, accepted_num, emitted_num,
-                      seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats,
-                      **options)
+                      seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats)
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend

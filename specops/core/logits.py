@@ -173,7 +173,7 @@ def check_parameter_values(parameters: dict) -> None:
                              f"{where} (SPECOPS_VALIDATE=1)")
 
 
-def as_parameter(name: str, value, device: torch.device, cache: dict | None) -> torch.Tensor:
+def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
     """A public function's parameter (None, a number for every request, or a tensor of 1 or B
     values) as the tensor its op takes. Numbers out of range are refused here, at once; tensors
     are passed on as they are (validation mode checks their values)."""
@@ -192,12 +192,4 @@ def as_parameter(name: str, value, device: torch.device, cache: dict | None) -> 
         raise TypeError(f"{name} must be an int; got {value!r}")
     if not bool(in_range(name, torch.tensor(number))):
         raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
-    key = (name, number, device)
-    tensor = None if cache is None else cache.get(key)
-    if tensor is None:
-        with torch.inference_mode(False), torch.no_grad():
-            tensor = torch.tensor([number], dtype=torch.int64 if integer else torch.float32,
-                                  device=device)
-        if cache is not None and len(cache) < 256:  # never evicted: a graph may hold them
-            cache[key] = tensor
-    return tensor
+    return torch.tensor([number], dtype=torch.int64 if integer else torch.float32, device=device)

@@ -1,15 +1,10 @@
-"""Registering a sampler as a torch op, and the one rule for skipping the dispatcher.
+"""Registering a sampler as a torch op: ``register_op``, the one helper every sampler uses.
 
 Every op is a ``torch.library.custom_op`` with a fake implementation: what ``torch.compile``,
 ``opcheck``, exported programs and CUDA graphs see. Its kernel serves every device; inside it the
-backend is chosen (``backends.py``: ``SPECOPS_BACKEND``), and a kernel a user registers for a device
-with ``torch.library.register_kernel`` replaces it on that device, as custom_op does for any op.
-
-A call of the registered op pays custom_op's Python layers (docs/performance.md, "Host time per
-call"). A public function may skip them when nothing but eager execution can see the call and no
-user kernel is registered for the device (``skips_dispatcher``): it then runs the op's own eager
-entry, the same checks and backends the op's kernel runs. That rule lives here, once, for every
-sampler.
+backend is chosen (``backends.py``: ``SPECOPS_BACKEND``). Every call, the public functions'
+included, goes through the dispatcher, so a kernel a user registers for a device
+(``torch.library.register_kernel`` or ``torch.library.impl``) serves that device's calls.
 """
 
 from __future__ import annotations
@@ -19,24 +14,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .backends import device_type, selected_backend, triton_unavailable_error
-
-_FUNCTORCH_ACTIVE = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
-_PLAIN = torch.Tensor
-
-
-def is_plain_eager(*values) -> bool:
-    """Whether nothing but eager execution can see a call with these arguments: every tensor among
-    them a plain torch.Tensor, and no compiler, dispatch or function mode, functorch transform or
-    TorchScript tracer active. Anything that may record or reinterpret the call (Dynamo, make_fx,
-    fake tensors, vmap, grad, jit.trace, subclasses) must see the registered op."""
-    for value in values:
-        if type(value) is not _PLAIN and isinstance(value, torch.Tensor):
-            return False
-    return not (torch.compiler.is_compiling()
-                or torch._C._len_torch_dispatch_stack()
-                or torch._C._len_torch_function_stack()
-                or torch._C._dispatch_tls_is_dispatch_key_included(_FUNCTORCH_ACTIVE)
-                or torch._C._get_tracing_state() is not None)
+from .checks import validation_enabled
 
 
 class Backends(NamedTuple):
@@ -48,18 +26,18 @@ class Backends(NamedTuple):
     cpu: Callable
     triton: Callable[[], Callable]
 
-    def run(self, device: torch.device, *args, **triton_options):
-        """The backend ``SPECOPS_BACKEND`` selects for tensors on ``device``, called on ``args``
-        (and the Triton launcher on ``triton_options`` too). The Triton launchers launch on the
-        current CUDA device, so tensors on another one are served with it made current for the
-        call, as a torch operation would be (a launch there would read another GPU's memory)."""
+    def run(self, device: torch.device, *args):
+        """The backend ``SPECOPS_BACKEND`` selects for tensors on ``device``, called on ``args``.
+        The Triton launchers launch on the current CUDA device, so tensors on another one are
+        served with it made current for the call, as a torch operation would be (a launch there
+        would read another GPU's memory)."""
         if selected_backend(device) == "triton":
             try:
                 launcher = self.triton()
                 if device_type(device) == "cuda" and device.index != torch.cuda.current_device():
                     with torch.cuda.device(device):
-                        return launcher(*args, **triton_options)
-                return launcher(*args, **triton_options)
+                        return launcher(*args)
+                return launcher(*args)
             except RuntimeError as error:
                 if "active drivers" in str(error):
                     raise triton_unavailable_error(device) from error
@@ -67,40 +45,34 @@ class Backends(NamedTuple):
         return (self.cpu if device_type(device) == "cpu" else self.reference)(*args)
 
 
-class RegisteredOp(NamedTuple):
-    """A registered op: its overload, and the device types a user registered a kernel of their
-    own for (``torch.library.register_kernel``), which the public functions then call through."""
+def register_op(qualname: str, schema: str, *, check: Callable, check_values: Callable,
+                backends: Backends, outputs: Callable, mutates_args: tuple[str, ...] = (),
+                backend_arguments: int | None = None) -> torch._ops.OpOverload:
+    """Define ``torch.ops.<qualname>`` (``schema``) and return its overload.
 
-    op: torch._ops.OpOverload
-    user_kernels: set
+    ``check``, ``check_values`` and ``outputs`` take the schema's arguments in order (trailing
+    ones left at their defaults may be absent, as the dispatcher passes them). The kernel runs
+    ``check`` (shapes, dtypes, devices: errors name the argument), ``check_values`` when
+    SPECOPS_VALIDATE=1, then the selected backend on the first ``backend_arguments`` arguments
+    (None: all of them). The fake runs ``check`` too, so that bad input raises the same error at
+    trace time, and returns ``outputs``' empty tensors. custom_op bumps the versions of the
+    ``mutates_args`` tensors on every call, so autograd sees them change.
+    """
 
+    def kernel(*args):
+        check(*args)
+        if validation_enabled():
+            check_values(*args)
+        # check has put every tensor on one device: the first one's.
+        device = next(arg.device for arg in args if isinstance(arg, torch.Tensor))
+        return backends.run(device, *args[:backend_arguments])
 
-def register_op(qualname: str, schema: str, *, kernel: Callable, fake: Callable,
-                mutates_args: tuple[str, ...]) -> RegisteredOp:
-    """``torch.ops.<qualname>``: a custom_op whose ``kernel`` serves every device until a user
-    registers another for a device, and whose ``fake`` serves tracing."""
+    def fake(*args):
+        check(*args)
+        return outputs(*args)
+
     definition = torch.library.custom_op(qualname, kernel, mutates_args=mutates_args,
                                          schema=schema)
     definition.register_fake(fake)
-    user_kernels: set = set()
-    register_kernel = definition.register_kernel
-
-    # torch.library.register_kernel registers through this method of the op's definition: noting
-    # the device types here lets the public functions honour the user's kernel too.
-    def noting_register_kernel(device_types, fn=None, /):
-        user_kernels.update([device_types] if isinstance(device_types, str) or device_types is None
-                            else device_types)
-        return register_kernel(device_types, fn)
-
-    definition.register_kernel = noting_register_kernel
     namespace, name = qualname.split("::")
-    return RegisteredOp(getattr(getattr(torch.ops, namespace), name).default, user_kernels)
-
-
-def skips_dispatcher(registered: RegisteredOp, device: torch.device, *values) -> bool:
-    """The public functions' rule: run the op's eager entry directly when nothing but eager
-    execution can see the call (``is_plain_eager``) and no user kernel serves ``device``."""
-    user = registered.user_kernels
-    if user and (device.type in user or None in user):  # None: a kernel for every device
-        return False
-    return is_plain_eager(*values)
+    return getattr(getattr(torch.ops, namespace), name).default

@@ -20,30 +20,12 @@ GENERATOR_UNDER_COMPILE = (
     "without a generator: the device's default generator is traced."
 )
 
-# int seeds and offsets as the one-element int64 tensors the ops take, per (value, device): a call
-# with an int seed then allocates nothing it does not return. The ops only read these tensors and
-# nobody else holds them, so sharing them is safe; entries are never evicted, because a CUDA graph
-# captured with one keeps reading its memory. Beyond CONSTANT_CACHE_SIZE values (say, an int
-# offset that grows every step) new values get a fresh tensor per call, as without a cache.
-CONSTANT_CACHE_SIZE = 256
-_constants: dict = {}
+def _constant(value: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.int64, device=device)
 
 
-def _constant(value: int, device: torch.device, cache: bool) -> torch.Tensor:
-    if not cache:
-        return torch.tensor([value], dtype=torch.int64, device=device)
-    key = (value, device)
-    tensor = _constants.get(key)
-    if tensor is None:
-        with torch.inference_mode(False), torch.no_grad():
-            tensor = torch.tensor([value], dtype=torch.int64, device=device)
-        if len(_constants) < CONSTANT_CACHE_SIZE:
-            _constants[key] = tensor
-    return tensor
-
-
-def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.device,
-                    cache: bool = False) -> torch.Tensor:
+def as_int64_tensor(name: str, value: Union[int, torch.Tensor],
+                    device: torch.device) -> torch.Tensor:
     """``value`` as the 1-D int64 tensor on ``device`` an op takes. An int64 1-D tensor on the
     device is returned as it is (a CUDA graph reads its current values at every replay); other
     tensors are converted by a copy (docs/recipes.md: what that means in a CUDA graph)."""
@@ -74,7 +56,7 @@ def as_int64_tensor(name: str, value: Union[int, torch.Tensor], device: torch.de
         raise ValueError(f"{name} must fit in 64 bits; got {value}")
     if value >= 2**63:  # a uint64 seed: keep its bits
         value -= 2**64
-    return _constant(value, device, cache)
+    return _constant(value, device)
 
 
 def _draw(generator: Optional[torch.Generator], device: torch.device):
@@ -110,21 +92,17 @@ def random_seed_and_offset(
 
 def resolve_seed_and_offset(
     seed: SeedLike, offset: SeedLike, generator: Optional[torch.Generator], device: torch.device,
-    cache: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (seed, offset) int64 tensors an op takes (docs/randomness.md, "When no seed is given").
-
-    cache: share the tensors of int values between calls (plain eager calls only: a traced call
-    must build its own, so that the graph holds them as constants)."""
+    """The (seed, offset) int64 tensors an op takes (docs/randomness.md, "When no seed is given")."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None; got "
                         f"{type(generator).__name__}")
     if seed is None:
         seed_t, offset_t = random_seed_and_offset(generator, device)
     else:
-        seed_t, offset_t = as_int64_tensor("seed", seed, device, cache), None
+        seed_t, offset_t = as_int64_tensor("seed", seed, device), None
     if offset is not None:
-        offset_t = as_int64_tensor("offset", offset, device, cache)
+        offset_t = as_int64_tensor("offset", offset, device)
     elif offset_t is None:
-        offset_t = _constant(0, device, cache)
+        offset_t = _constant(0, device)
     return seed_t, offset_t

@@ -235,7 +235,7 @@ def chain_speculative_sampling_from_logits(
         device, accepted, emitted, seed_t, offset_t = _opening(
             verification, target_logits, "target_logits", maybe_output_accepted_token_num,
             maybe_output_emitted_draft_token_num, seed, offset, generator, group)
-        parameters = {name: params.as_parameter(name, value, device, None)
+        parameters = {name: params.as_parameter(name, value, device)
                       for name, value in (("temperature", temperature), ("top_k", top_k),
                                           ("top_p", top_p), ("min_p", min_p))}
         check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,

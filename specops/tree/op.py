@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from ..core.checks import validation_enabled
-from ..core.registry import Backends, RegisteredOp, register_op
+from ..core.registry import Backends, register_op
 from .arguments import check_arguments, check_values
 from .cpu import tree_speculative_sampling_cpu
 from .reference import tree_speculative_sampling_reference
@@ -30,43 +27,27 @@ def _triton():
     return _launch.tree_speculative_sampling_triton
 
 
-BACKENDS = Backends(reference=tree_speculative_sampling_reference,
-                    cpu=tree_speculative_sampling_cpu, triton=_triton)
-
-
-def run(draft_probs, draft_token_ids, parents, target_probs, seed, offset, with_replacement=True):
-    """The eager entry, for arguments already checked: the value checks when enabled, then the
-    backend ``SPECOPS_BACKEND`` selects. Returns (output_token_ids, output_node_ids, emitted)."""
-    if validation_enabled():
-        check_values(draft_probs, draft_token_ids, parents, target_probs)
-    return BACKENDS.run(target_probs.device, draft_probs, draft_token_ids, parents, target_probs,
-                        seed, offset, with_replacement)
-
-
-def _kernel(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-            with_replacement=True):
+def _check(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+           with_replacement=True):
     check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                     with_replacement)
-    return run(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-               with_replacement)
 
 
-def _fake(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-          with_replacement=True):
-    check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-                    with_replacement)
+def _check_values(draft_probs, draft_token_ids, parents, target_probs, *rest):
+    check_values(draft_probs, draft_token_ids, parents, target_probs)
+
+
+def _outputs(draft_probs, draft_token_ids, parents, target_probs, *rest):
+    """(output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32, empty."""
     batch, num_nodes = draft_token_ids.shape
     return (target_probs.new_empty((batch, num_nodes + 1), dtype=torch.int32),
             target_probs.new_empty((batch, num_nodes), dtype=torch.int32),
             target_probs.new_empty((batch,), dtype=torch.int32))
 
 
-class TreeOp(NamedTuple):
-    registered: RegisteredOp
-    run: object
-
-
-tree_speculative_sampling_op = TreeOp(
-    register_op("specops::tree_speculative_sampling", SCHEMA, kernel=_kernel, fake=_fake,
-                mutates_args=()),
-    run)
+tree_speculative_sampling_op = register_op(
+    "specops::tree_speculative_sampling", SCHEMA, check=_check, check_values=_check_values,
+    outputs=_outputs,
+    backends=Backends(reference=tree_speculative_sampling_reference,
+                      cpu=tree_speculative_sampling_cpu, triton=_triton),
+)

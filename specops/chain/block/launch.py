@@ -35,7 +35,6 @@ def block_speculative_sampling_triton(
     num_splits: int | None = None,
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
-    plain_eager: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference.block_speculative_sampling_reference``.
 
@@ -43,7 +42,7 @@ def block_speculative_sampling_triton(
     on it). With ``target_stats`` (and ``draft_stats``), target_probs (and draft_probs) hold
     logits, read through those rows' statistics (core/logits_launch.py). No host
     synchronisation; two launches; every tensor it allocates is private to the call (safe on
-    concurrent streams and in CUDA graphs), ``plain_eager`` or not.
+    concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]

@@ -1,11 +1,11 @@
-"""``torch.ops.specops.chain_block_speculative_sampling``: block verification, registered as a torch
-op with the schema of token verification's op (``specops/chain/verifier.py``)."""
+"""``torch.ops.specops.chain_block_speculative_sampling`` (block verification) and its from-logits
+twin, registered as torch ops with the schemas of token verification's ops
+(``specops/chain/verifier.py``, ``specops/chain/from_logits.py``)."""
 
 from __future__ import annotations
 
-from ...core.registry import Backends
-from ..from_logits import register_logits_verifier
-from ..verifier import register_verifier
+from ...core.registry import Backends, register_op
+from .. import from_logits, verifier
 from .cpu import block_speculative_sampling_cpu, block_speculative_sampling_from_logits_cpu
 from .reference import (block_speculative_sampling_from_logits_reference,
                         block_speculative_sampling_reference)
@@ -28,14 +28,18 @@ def _triton_from_logits():
     return _launch.block_speculative_sampling_from_logits_triton
 
 
-chain_block_speculative_sampling_op = register_verifier(
-    "specops::chain_block_speculative_sampling",
-    Backends(reference=block_speculative_sampling_reference,
-             cpu=block_speculative_sampling_cpu, triton=_triton),
+chain_block_speculative_sampling_op = register_op(
+    "specops::chain_block_speculative_sampling", verifier.SCHEMA,
+    check=verifier.check, check_values=verifier.check_op_values, outputs=verifier.outputs,
+    mutates_args=verifier.MUTATES_ARGS, backend_arguments=verifier.BACKEND_ARGUMENTS,
+    backends=Backends(reference=block_speculative_sampling_reference,
+                      cpu=block_speculative_sampling_cpu, triton=_triton),
 )
 
-chain_block_speculative_sampling_from_logits_op = register_logits_verifier(
-    "specops::chain_block_speculative_sampling_from_logits",
-    Backends(reference=block_speculative_sampling_from_logits_reference,
-             cpu=block_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
+chain_block_speculative_sampling_from_logits_op = register_op(
+    "specops::chain_block_speculative_sampling_from_logits", from_logits.SCHEMA,
+    check=from_logits.check, check_values=from_logits.check_op_values,
+    outputs=from_logits.outputs, mutates_args=from_logits.MUTATES_ARGS,
+    backends=Backends(reference=block_speculative_sampling_from_logits_reference,
+                      cpu=block_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
 )

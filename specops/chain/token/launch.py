@@ -1,7 +1,6 @@
 """Launching the token-verification kernel: programs per request from the launch model
-(``core/occupancy.py``), the output and, with P > 1, scratch for the row-pass partials and
-arrival counts (``core/workspace.py``: the stream's for a plain eager call, else the call's own),
-then one ``kernel[grid]`` launch (``core/launcher.py``)."""
+(``core/occupancy.py``), the output and, with P > 1, the call's own row-pass partials and
+arrival counts, then one ``kernel[grid]`` launch (``core/launcher.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +9,9 @@ import functools
 import torch
 
 from ...core import occupancy
-from ...core.launcher import FOUR_WARPS, TritonKernel, current_stream, placeholder
+from ...core.launcher import FOUR_WARPS, TritonKernel, placeholder
 from ...core.logits_launch import FROM_LOGITS_OPTIONS
 from ...core.race import CHUNK_SIZE, num_chunks
-from ...core.workspace import scratch
 from ..from_logits_triton import on_row_statistics
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
@@ -53,7 +51,6 @@ def chain_speculative_sampling_triton(
     programs: int | None = None,
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
-    plain_eager: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
@@ -61,9 +58,8 @@ def chain_speculative_sampling_triton(
     ``programs`` overrides the programs per request (tests use it to show the output does not
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
-    statistics (core/logits_launch.py). No host synchronisation. The output is the call's own;
-    with P > 1 the partials are the stream's scratch where ``plain_eager`` (the public function's
-    call that nothing records), else the call's own too (core/workspace.py says why).
+    statistics (core/logits_launch.py). No host synchronisation. Every tensor it allocates is
+    the call's own (safe on concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
@@ -110,12 +106,11 @@ def chain_speculative_sampling_triton(
     programs, per_program = occupancy.row_split(resources, batch, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
                                                 MAX_PROGRAMS_PER_REQUEST, programs)
-    # The driver's handle of the stream the launch is queued on (None under the interpreter).
-    stream = None if resources is None else current_stream(resources.device)
     if programs > 1:
-        # The programs' partial results (kernel.py has the layout) and their arrival counts.
-        partials, arrivals = scratch(device, stream, batch * programs * FIELDS, batch,
-                                     keep=plain_eager)
+        # The programs' partial results (kernel.py has the layout) and their arrival counts, which
+        # start at zero (the request's last program to arrive combines the partials).
+        partials = torch.empty(batch * programs * FIELDS, dtype=torch.float64, device=device)
+        arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     else:
         partials, arrivals = no_stats, no_arrivals
     main.fn[(batch, programs)](

@@ -1,10 +1,10 @@
-"""``torch.ops.specops.chain_speculative_sampling``: token verification, registered as a torch op."""
+"""``torch.ops.specops.chain_speculative_sampling`` (token verification) and its from-logits twin,
+registered as torch ops."""
 
 from __future__ import annotations
 
-from ...core.registry import Backends
-from ..from_logits import register_logits_verifier
-from ..verifier import register_verifier
+from ...core.registry import Backends, register_op
+from .. import from_logits, verifier
 from .cpu import chain_speculative_sampling_cpu, chain_speculative_sampling_from_logits_cpu
 from .reference import (chain_speculative_sampling_from_logits_reference,
                         chain_speculative_sampling_reference)
@@ -29,14 +29,18 @@ def _triton_from_logits():
     return _launch.chain_speculative_sampling_from_logits_triton
 
 
-chain_speculative_sampling_op = register_verifier(
-    "specops::chain_speculative_sampling",
-    Backends(reference=chain_speculative_sampling_reference, cpu=chain_speculative_sampling_cpu,
-             triton=_triton),
+chain_speculative_sampling_op = register_op(
+    "specops::chain_speculative_sampling", verifier.SCHEMA,
+    check=verifier.check, check_values=verifier.check_op_values, outputs=verifier.outputs,
+    mutates_args=verifier.MUTATES_ARGS, backend_arguments=verifier.BACKEND_ARGUMENTS,
+    backends=Backends(reference=chain_speculative_sampling_reference,
+                      cpu=chain_speculative_sampling_cpu, triton=_triton),
 )
 
-chain_speculative_sampling_from_logits_op = register_logits_verifier(
-    "specops::chain_speculative_sampling_from_logits",
-    Backends(reference=chain_speculative_sampling_from_logits_reference,
-             cpu=chain_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
+chain_speculative_sampling_from_logits_op = register_op(
+    "specops::chain_speculative_sampling_from_logits", from_logits.SCHEMA,
+    check=from_logits.check, check_values=from_logits.check_op_values,
+    outputs=from_logits.outputs, mutates_args=from_logits.MUTATES_ARGS,
+    backends=Backends(reference=chain_speculative_sampling_from_logits_reference,
+                      cpu=chain_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
 )
