@@ -132,6 +132,7 @@ def test_demo_with_sampling_parameters_is_lossless(flags):
     assert "lossless check               PASS" in out, out
 
 
+@pytest.mark.interpreter
 def test_contributing_interpreter_demo_command_passes():
     """contributing.md's command: the demo through the Triton kernel under the interpreter."""
     command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 16"
