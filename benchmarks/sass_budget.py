@@ -200,6 +200,18 @@ def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
             "scaled": [p_lines, weighting]}
 
 
+def opcode(text: str) -> str:
+    """An instruction's opcode with its modifiers (LDG.E.128), past any predicate (@P0)."""
+    return text.split()[1] if text.startswith("@") else text.split()[0]
+
+
+def is_16_byte_load(op: str) -> bool:
+    """A 16-byte global load, whatever other modifiers a ptxas adds (LDG.E.128,
+    LDG.E.128.CONSTANT, LDG.E.EL.128)."""
+    parts = op.split(".")
+    return parts[0] == "LDG" and "128" in parts[1:]
+
+
 def row_loops(kernel) -> dict[str, dict]:
     """The row loops of a compiled kernel, by the function they come from: instructions per
     iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
@@ -214,32 +226,24 @@ def row_loops(kernel) -> dict[str, dict]:
                  if all(touched.intersection(lines) for lines in sets)]
         if names:
             name = max(names, key=lambda n: len(markers[n]))
-            found[name] = {
-                "instructions": len(body),
-                "loads16": sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body),
-                "opcodes": [t.split()[0] if not t.startswith("@") else t.split()[1]
-                            for t, _ in body],
-            }
+            opcodes = [opcode(t) for t, _ in body]
+            found[name] = {"instructions": len(body), "opcodes": opcodes,
+                           "loads16": sum(map(is_16_byte_load, opcodes))}
     return found
 
 
 def compile_report(kernel, with_row_loops: bool = False) -> dict:
-    """What the compile tests check of a compiled kernel: local memory in the PTX, its resources,
-    spill instructions and, ``with_row_loops``, each row loop's 16-byte and other global loads.
-    Without the CUDA tools beside Triton only the PTX check is made."""
+    """What the compile tests check of a compiled kernel: local memory in the PTX, its resources
+    (cuobjdump), spill instructions and, ``with_row_loops``, each row loop's 16-byte and other
+    global loads (nvdisasm; both ship with Triton's NVIDIA backend)."""
     found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"])),
-             "num_warps": kernel.metadata.num_warps}
-    try:
-        found["resources"] = resources(kernel.asm["cubin"])
-        rows = disassemble(kernel.asm["cubin"])
-    except OSError:  # no nvdisasm/cuobjdump beside this triton
-        return found
-    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0]
-               for _, text, _ in rows if text]
+             "num_warps": kernel.metadata.num_warps,
+             "resources": resources(kernel.asm["cubin"])}
+    opcodes = [opcode(text) for _, text, _ in disassemble(kernel.asm["cubin"]) if text]
     found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
     if with_row_loops:
         found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
-            op.startswith("LDG") and op != "LDG.E.128" for op in loop["opcodes"])}
+            op.startswith("LDG") and not is_16_byte_load(op) for op in loop["opcodes"])}
             for name, loop in row_loops(kernel).items()}
     return found
 
@@ -303,7 +307,7 @@ def statistics_budget(prob: str, kernel=None) -> list[dict]:
     out = []
     for first, last in innermost_loops(rows):
         body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
-        loads = sum(bool(re.search(r"\bLDG\.E\.128\b", t)) for t, _ in body)
+        loads = sum(is_16_byte_load(opcode(t)) for t, _ in body)
         names = [name for name, lines in marks.items()
                  if {line for _, ls in body for line in ls} & lines]
         if not loads or len(names) != 1:  # not a pass over the row

@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
@@ -33,20 +31,21 @@ def run_worker(worker: str, *argv: str):
 def assert_no_spills(report: dict, context) -> None:
     """Nothing in local memory: no local arrays, no stack frame, no spill stores or loads."""
     assert not report["local_in_ptx"], context
-    if "resources" in report:  # cuobjdump ships with triton's NVIDIA backend
-        r = report["resources"]
-        assert r.get("LOCAL", 0) == 0 and r.get("STACK", 0) == 0, (context, r)
-        assert report["spills"] == 0 and r["REG"] <= 255, (context, r)
+    r = report["resources"]
+    assert r.get("LOCAL", 0) == 0 and r.get("STACK", 0) == 0, (context, r)
+    assert report["spills"] == 0, (context, r)
 
 
 def assert_16_byte_row_loads(report: dict, prob: str, context) -> None:
-    """1024 values over the program's threads (128 at 4 warps: 8 a thread, 2 fp32 or 1 fp16/bf16
-    16-byte loads per row per chunk) in every row loop, and no narrower load (the residual loop
+    """Every row loop reads its rows with 16-byte loads only: 1024 values over the program's
+    threads (128 at 4 warps: 8 a thread, 2 fp32 or 1 fp16/bf16 16-byte loads per row per chunk),
+    for each chunk an iteration takes (ptxas may unroll), and no narrower load (the residual loop
     reads two rows)."""
     per_row = 1024 * (4 if prob == "fp32" else 2) // 16 // (32 * report["num_warps"])
     for name, loop in report["row_loops"].items():
-        rows = 2 if name == "residual" else 1
-        assert loop["loads16"] == per_row * rows and loop["other_loads"] == 0, (context, name, loop)
+        per_chunk = per_row * (2 if name == "residual" else 1)
+        assert loop["loads16"] > 0 and loop["loads16"] % per_chunk == 0, (context, name, loop)
+        assert loop["other_loads"] == 0, (context, name, loop)
 
 
 def assert_issue_bounds(budgets: list, count: int) -> None:
@@ -56,8 +55,6 @@ def assert_issue_bounds(budgets: list, count: int) -> None:
         sys.path.insert(0, BENCHMARKS)
     from sass_budget import GOAL_BYTES_PER_S
 
-    if not budgets:
-        pytest.skip("no nvdisasm beside this triton")
     assert len(budgets) == count
     for row in budgets:
         assert row["issue_bound"] >= GOAL_BYTES_PER_S, row

@@ -1,6 +1,7 @@
-"""The benchmark scripts: the byte model, clear errors for bad flags, honest plots, and a rehearsal
-of the GPU check on CPU (benchmarks/gpu_check.py --rehearse) so that its first GPU run does not
-fail on a typo."""
+"""The benchmark scripts: the byte model, the eager baseline, honest plots, a rehearsal of the GPU
+check on CPU (benchmarks/gpu_check.py --rehearse: its kernels against the reference, under the
+interpreter), and the quick runs of the from-logits, vocab-parallel and tree benchmarks, each of
+which checks what it measures."""
 
 from __future__ import annotations
 
@@ -63,22 +64,6 @@ def test_eager_baseline_emits_a_valid_chain(bench):
         assert 0 <= int(out[b, e]) < 50
 
 
-def test_benchmark_rejects_an_empty_point_in_one_line():
-    proc = run_script([str(BENCH / "benchmark.py"), "--point", "0", "4", "100", "--out", "/nonexistent"], 60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--point 0 4 100: B must be at least 1, got 0" in proc.stderr
-    proc = run_script([str(BENCH / "benchmark.py"), "--rounds", "0", "--out", "/nonexistent"], 60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--rounds must be at least 1, got 0" in proc.stderr
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
-def test_benchmark_without_cuda_says_so_in_one_line(tmp_path):
-    proc = run_script([str(BENCH / "benchmark.py"), "--device", "cuda", "--quick", "--out", str(tmp_path)], 60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "sees no CUDA device" in proc.stderr
-
-
 def rows_for(points, impls=("specops", "floor")):
     return [{"device": "cpu", "dtype": "float32", "batch": b, "num_draft": n, "vocab": v, "impl": impl,
              "latency_us": 10.0 * b, "needed_bytes": 1000 * b, "needed_GBps": 1.0, "fraction_of_copy_bw": 0.1}
@@ -95,6 +80,7 @@ def test_plot_draws_only_measured_sweeps(bench, tmp_path):
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
+@pytest.mark.interpreter
 def test_gpu_check_rehearsal(tmp_path):
     """The grid, the agreement count and the optional host step, rehearsed on CPU (~10 s)."""
     proc = run_script([str(BENCH / "gpu_check.py"), "--rehearse", "--step", "grid-float32",
@@ -111,13 +97,6 @@ def test_gpu_check_rehearsal(tmp_path):
     agreement = (tmp_path / "agreement.log").read_text()
     assert '"mismatched": 0' in agreement and '"verification": "tree"' in agreement
     assert "| grid-float32 | passed |" in (tmp_path / "summary.md").read_text()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
-def test_gpu_check_without_cuda_says_so_in_one_line(tmp_path):
-    proc = run_script([str(BENCH / "gpu_check.py")], 60, env={"OUT": str(tmp_path)})
-    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "no CUDA device is visible" in proc.stderr and "--rehearse" in proc.stderr
 
 
 def test_from_logits_benchmark_quick():

@@ -10,6 +10,8 @@ from inputs import DEVICE, make_inputs, seeds
 from specops.chain.block.launch import block_speculative_sampling_triton
 from specops.chain.block.reference import block_speculative_sampling_reference
 
+pytestmark = pytest.mark.interpreter
+
 
 def run_both(draft_probs, ids, target, seed, offset, num_splits=None, counter_dtype=torch.int32):
     batch = ids.shape[0]
@@ -36,6 +38,14 @@ def test_kernel_matches_reference(batch, num_draft, vocab, draft, per_request):
     q, d, p = make_inputs(batch, num_draft, vocab, draft=draft, seed=vocab + num_draft)
     seed, offset = seeds(batch, per_request)
     assert_same(run_both(q, d, p, seed, offset))
+
+
+@pytest.mark.parametrize("num_draft,vocab,seed", [(9, 17 * 1024 + 5, 9), (17, 9 * 1024 + 3, 5)])
+def test_long_drafts_over_many_chunks(num_draft, vocab, seed):
+    """BLOCK_N 16 and 32: the scan sums each row's chunk masses 16 and 8 chunks at a time, in
+    several steps here (fails when a step is skipped)."""
+    q, d, p = make_inputs(4, num_draft, vocab, sharp=1.0, seed=seed)
+    assert_same(run_both(q, d, p, *seeds(4, True)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

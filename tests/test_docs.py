@@ -149,6 +149,7 @@ def test_demo_runs_beside_a_clone_named_specops(tmp_path):
     assert "characters per target call" in result.stdout, result.stdout
 
 
+@pytest.mark.interpreter
 def test_contributing_interpreter_demo_command_passes():
     """contributing.md's command: the demo through the Triton kernel under the interpreter."""
     command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 16"

@@ -16,6 +16,8 @@ from specops.chain.block.reference import block_speculative_sampling_from_logits
 from specops.chain.token.launch import chain_speculative_sampling_from_logits_triton
 from specops.chain.token.reference import chain_speculative_sampling_from_logits_reference
 
+pytestmark = pytest.mark.interpreter
+
 # verification -> (reference, fused Triton path)
 PATHS = {"token": (chain_speculative_sampling_from_logits_reference,
                    chain_speculative_sampling_from_logits_triton),

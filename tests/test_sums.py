@@ -66,6 +66,7 @@ def total_kernel(masses_ptr, out_ptr, rows, chunks, BLOCK_R: tl.constexpr,
     tl.store(out_ptr + r, to_float(bins), mask=r < rows)
 
 
+@pytest.mark.interpreter
 def test_triton_twin_gives_the_same_value():
     g = torch.Generator().manual_seed(2)
     masses = torch.cat([KINDS[kind](g, 300)[None] for kind in KINDS]).float().to(DEVICE)

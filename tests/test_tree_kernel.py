@@ -10,6 +10,8 @@ from inputs import DEVICE, full_tree, seeds, tree_inputs
 from specops.tree.launch import tree_speculative_sampling_triton
 from specops.tree.reference import tree_speculative_sampling_reference
 
+pytestmark = pytest.mark.interpreter
+
 
 def assert_same(draft, ids, parents, target, seed, offset, with_replacement=True):
     expected = tree_speculative_sampling_reference(draft, ids, parents, target, seed, offset,

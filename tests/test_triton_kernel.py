@@ -17,6 +17,8 @@ from specops.chain.token.launch import chain_speculative_sampling_triton
 from specops.chain.token.reference import chain_speculative_sampling_reference
 from specops.demo.stats import chi2_pvalue
 
+pytestmark = pytest.mark.interpreter
+
 
 def run_both(draft_probs, ids, target, seed, offset, *, acc_dtype=torch.int32,
              emit_dtype=torch.int32, programs=None):

@@ -32,7 +32,10 @@ from ..drafts_triton import draft_probabilities
 # token of the race it used). Beside them, float32 (B (N + 1), K): the mass of every chunk of
 # every R_t, which the scan sums exactly (core/sums.py).
 PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS)
-MASS_BLOCK = tl.constexpr(32)  # chunks the scan sums at once, for each of its rows
+# Masses the scan sums at once, over its rows: up to 32 chunks a row, fewer for more rows. A wider
+# tile gives each thread more rows of every per-row vector too (Philox lanes included), which
+# made ptxas spill at BLOCK_N = 16 on sm_90.
+MASS_TILE = tl.constexpr(256)
 
 
 @triton.jit
@@ -278,6 +281,7 @@ def _row_masses(masses_ptr, b, num_draft, chunks, BLOCK_N: tl.constexpr):
     core/sums.py's exact_total."""
     t = tl.arange(0, BLOCK_N)
     rows = b * (num_draft + 1) + t.to(tl.int64)
+    MASS_BLOCK: tl.constexpr = min(32, MASS_TILE // BLOCK_N)  # chunks a row, at once
     c = tl.arange(0, MASS_BLOCK)
     bins = tl.zeros([BLOCK_N, BIN_LANES], tl.int64)
     for first in range(0, chunks, MASS_BLOCK):
