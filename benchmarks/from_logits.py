@@ -82,7 +82,7 @@ def sorted_truncation(probs: torch.Tensor, top_k, top_p) -> torch.Tensor:
 
 def inputs(batch, num_draft, vocab, device, gen, mix):
     """(draft logits, draft ids drawn from their processed rows, target logits, parameters)."""
-    import specops.core.logits as rule
+    import specops.core.logits.rule as rule
 
     target = torch.randn(batch, num_draft + 1, vocab, generator=gen, device=gen.device) * 3
     draft = target[:, :num_draft] + torch.randn(batch, num_draft, vocab, generator=gen,
@@ -98,7 +98,7 @@ def inputs(batch, num_draft, vocab, device, gen, mix):
 
 def check_user_rows(draft_logits, params) -> None:
     """The user-written rows are the rule's rows (up to rounding), so the two sides compare."""
-    import specops.core.logits as rule
+    import specops.core.logits.rule as rule
 
     batch, rows, vocab = draft_logits.shape
     flat = {k: v.repeat_interleave(rows) for k, v in params.items()}

@@ -313,7 +313,7 @@ def planned_programs(batch: int, num_draft: int, vocab: int, dtype) -> int | str
     """Programs per request the token launcher's plan gives this point ('' without a compiled
     kernel: under the interpreter)."""
     from specops.chain.token import launch
-    from specops.core import occupancy
+    from specops.core.launch import occupancy
 
     for (_, constexprs, dtypes), kernel in launch.MAIN._resources.items():
         constexprs = dict(constexprs)

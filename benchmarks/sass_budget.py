@@ -189,7 +189,7 @@ def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
     """Loop name -> the source lines that mark it, for each row loop (both samplers' row passes
     share them, in specops/core/race_triton.py). masses_p compiles to two loops where its SCALED
     is used both ways (the block row pass), told apart by its chunk step's weighting line."""
-    from specops.core.race_triton import _p_values, masses_p, masses_residual
+    from specops.core.sampling.race_triton import _p_values, masses_p, masses_residual
 
     source = inspect.getsourcefile(_p_values.fn)
     weighting = {(path, line) for path, line in source_lines(_p_values)
@@ -284,8 +284,8 @@ COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": com
 def compile_statistics(prob):
     """The row statistics kernel (verification from logits' first stage) as its launcher
     specialises it."""
-    from specops.core.logits_launch import STATISTICS
-    from specops.core.logits_triton import row_statistics_kernel
+    from specops.core.logits.launch import STATISTICS
+    from specops.core.logits.triton import row_statistics_kernel
 
     types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
              "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
@@ -296,7 +296,7 @@ def compile_statistics(prob):
 def statistics_budget(prob: str, kernel=None) -> list[dict]:
     """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
     mass passes: every pass reads the row once), as ``budget``'s rows."""
-    from specops.core.logits_triton import _count, _mass, _peak
+    from specops.core.logits.triton import _count, _mass, _peak
 
     kernel = kernel or compile_statistics(prob)
     num_warps = kernel.metadata.num_warps

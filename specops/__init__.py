@@ -12,7 +12,7 @@ token and block verification, ``tree/`` tree verification); docs/contributing.md
 from .api import (chain_speculative_sampling, chain_speculative_sampling_from_logits,
                   tree_speculative_sampling)
 from .warmup import warmup
-from .core.race import CHUNK_SIZE
+from .core.sampling.race import CHUNK_SIZE
 
 __all__ = ["chain_speculative_sampling", "chain_speculative_sampling_from_logits",
            "tree_speculative_sampling", "warmup", "CHUNK_SIZE"]

@@ -55,7 +55,7 @@ def warmup(
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
     """
     from .chain.arguments import INDEX_DTYPES, PROB_DTYPES
-    from .core.backends import selected_backend
+    from .core.ops.backends import selected_backend
 
     vocab = _count("vocab", vocab)
     num_drafts = sorted({_count("num_draft", n) for n in _choices(num_draft, int)})

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from specops.chain.block import cpu, reference
-from specops.core.probs import sanitize
-from specops.core.race import chunk_masses, chunk_values, num_chunks
+from specops.core.sampling.probs import sanitize
+from specops.core.sampling.race import chunk_masses, chunk_values, num_chunks
 
 NAN, INF = float("nan"), float("inf")
 # Every kind of value that sanitize counts as 0, and -0.0 (kept as -0.0 by no clean path).

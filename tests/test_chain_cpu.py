@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specops.chain.token import cpu, reference
-from specops.core import randomness
-from specops.core.race import chunk_masses
+from specops.core.sampling import randomness
+from specops.core.sampling.race import chunk_masses
 
 
 @pytest.mark.parametrize("with_draft", [True, False])

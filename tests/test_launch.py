@@ -1,5 +1,5 @@
-"""The launchers: the launch model (specops/core/occupancy.py) and the launch plans the samplers
-make from their compiled kernels (specops/core/launcher.py), on Triton's real launch path.
+"""The launchers: the launch model (specops/core/launch/occupancy.py) and the launch plans the samplers
+make from their compiled kernels (specops/core/launch/launcher.py), on Triton's real launch path.
 
 Without a GPU the launch-path tests run the stand-in CUDA driver (benchmarks/standin_driver.py:
 Triton's launch path on CPU tensors up to the driver's launcher, counting the binaries it loads
@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from specops.core import occupancy
-from specops.core.race import num_chunks
+from specops.core.launch import occupancy
+from specops.core.sampling.race import num_chunks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCABS = (32000, 128256, 151936)
@@ -77,7 +77,7 @@ def test_resident_programs_follow_each_limit():
 PLAN_SCRIPT = r'''
 import json, torch, specops
 from specops.chain.token import launch
-from specops.core import occupancy
+from specops.core.launch import occupancy
 from sass_budget import resources
 B, N, V = 40, 3, 128256
 specops.chain_speculative_sampling(torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long),

@@ -1,11 +1,16 @@
 """The package's layering, read from the imports in specops/ (docs/contributing.md, "Layout").
 
-* specops/core/ is shared machinery: it imports nothing of specops outside core/;
+* specops/core/ is shared machinery: it imports nothing of specops outside core/. Its folders:
+  sampling/ (the sampling math, torch and Triton twins), logits/ (logits made into distributions),
+  ops/ (registering and calling ops) and launch/ (launching Triton kernels);
 * a sampler is a package with a plain reference (``reference.py``), a registered op (``op.py``),
   a kernel and its launcher; samplers that share rules live in a family package (specops/chain/:
   token/ and block/ verification), whose own modules import core/ only;
 * a sampler imports core/, its family's shared modules and itself, never another sampler; a
   sampler of no family (specops/tree/) imports core/ and itself only;
+* a reference imports torch, the standard library and specops modules, but no op, backend or
+  launch code: nothing of core/ops/, core/launch/ or core/logits/ besides the plain rule, and none
+  of its sampler's op, CPU backend, kernel or launcher;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
 * specops/distributed/ (vocabulary-parallel verification) is a public layer of its own above the
@@ -16,6 +21,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +105,33 @@ def test_samplers_import_core_their_family_and_themselves(name):
     bad = {m for m in IMPORTS[name] if not allowed(name, m)}
     assert not bad, (f"{name} imports {sorted(bad)}: a sampler depends on core/, its family's "
                      "shared modules and itself only")
+
+
+# What a reference may not lean on: registration, backend choice, launching, the rule's faster
+# twins and its own sampler's other implementations (the oracle must stay independent of them).
+NOT_FOR_REFERENCES = ("specops.core.ops", "specops.core.launch", "specops.core.logits.cpu",
+                      "specops.core.logits.triton", "specops.core.logits.launch")
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """Top-level names of the non-specops packages a file imports, outside the standard library."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"__future__", "specops"}
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_references_import_no_op_backend_or_launch_code(sampler):
+    name = f"{sampler}.reference"
+    own = [f"{sampler}.{m}" for m in ("op", "cpu", "kernel", "launch")]
+    bad = {m for m in IMPORTS[name] if any(inside(m, p) for p in (*NOT_FOR_REFERENCES, *own))}
+    bad |= third_party_imports(MODULES[name]) - {"torch"}
+    assert not bad, (f"{name} imports {sorted(bad)}: a reference is plain torch and the math it "
+                     "specifies (core/sampling/, core/logits/rule.py)")
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if inside(n, DISTRIBUTED)])

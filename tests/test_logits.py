@@ -1,4 +1,4 @@
-"""Rows from logits (specops/core/logits.py): the processed distributions against a plain float64
+"""Rows from logits (specops/core/logits/rule.py): the processed distributions against a plain float64
 restatement of the rule, the order of the steps, ties, bad logits and bad parameters, and the
 verifiers' registration, checks and compile behaviour."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specops
-from specops.core import logits as processing
+from specops.core.logits import rule as processing
 
 OP = torch.ops.specops.chain_speculative_sampling_from_logits
 BLOCK_OP = torch.ops.specops.chain_block_speculative_sampling_from_logits
@@ -221,12 +221,12 @@ def test_compiled_matches_eager_and_new_values_do_not_recompile(backend):
 @pytest.mark.parametrize("levels,margin", [(None, None), (7, None), (None, -0.25)],
                          ids=["distinct", "ties", "range-missing-the-answer"])
 def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin, monkeypatch):
-    """core/logits_cpu.py runs each step on the rows that need it, top-k by topk and top-p over a
+    """core/logits/cpu.py runs each step on the rows that need it, top-k by topk and top-p over a
     narrowed range of ranks: the rows must be the rule's, bit for bit, for every mix of
     parameters per row, ties (logits on a few levels), bad logits and bad parameters. A negative
     margin makes every narrowed range miss the answer: the exact checks must send those rows to
     the whole range (a check that passed them would give other thresholds)."""
-    from specops.core import logits_cpu
+    from specops.core.logits import cpu as logits_cpu
 
     if margin is not None:
         monkeypatch.setattr(logits_cpu, "_MARGIN", margin)

@@ -88,13 +88,13 @@ def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
-    """Each row's statistics against core/logits.py directly: the tokens kept (the unsigned bits
+    """Each row's statistics against core/logits/rule.py directly: the tokens kept (the unsigned bits
     of m - x below the limit L) are those the rule keeps, and no token of a greedy row or a row
     without mass; r is 1 / W of the rule's kept mass (to float32 rounding), a greedy row's index
     is its argmax, and rows without mass are marked so: a threshold one step off fails it even
     where the tokens sampled with one seed do not change."""
-    from specops.core import logits as rule
-    from specops.core.logits_launch import row_statistics
+    from specops.core.logits import rule
+    from specops.core.logits.launch import row_statistics
 
     batch, positions, vocab = 6, 2, 300
     g = torch.Generator().manual_seed(11)

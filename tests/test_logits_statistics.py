@@ -2,7 +2,7 @@
 
 Sequences are decoded by repeated calls of ``chain_speculative_sampling_from_logits`` in small
 worlds whose target and draft logits depend on the absolute position alone; there the target's
-sequences are independent tokens, token t drawn from the processed row P_t (core/logits.py), and
+sequences are independent tokens, token t drawn from the processed row P_t (core/logits/rule.py), and
 the chi-square test compares the joint distribution of the first LENGTH tokens with the product
 of the P_t. This holds for token and block verification alike (block verification is exact only
 for whole sequences), with drafts drawn from draft probabilities or from the draft's processed
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import specops
-from specops.core import logits as processing
+from specops.core.logits import rule as processing
 
 import worlds  # tests/worlds.py
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import specops
-from specops.core.randomness import request_uniforms
+from specops.core.sampling.randomness import request_uniforms
 
 from inputs import counters, softmax_inputs as make_inputs  # tests/inputs.py
 

@@ -1,4 +1,4 @@
-"""The randomness contract (specops/core/randomness.py, its Triton twin specops/core/philox.py,
+"""The randomness contract (specops/core/sampling/randomness.py, its Triton twin specops/core/sampling/philox.py,
 docs/randomness.md): Philox4x32-10 bit for bit, uniforms in the open interval (0, 1), and the
 slot/stream layout the sampler uses."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specops
-from specops.core import randomness as R
+from specops.core.sampling import randomness as R
 
 MASK = 0xFFFFFFFF
 
@@ -147,7 +147,7 @@ def test_a_slot_range_is_the_same_slots_of_the_full_layout():
 
 def test_slot_helpers():
     from specops.chain.token import slots
-    from specops.core import race
+    from specops.core.sampling import race
 
     assert race.CHUNK_SIZE == specops.CHUNK_SIZE == 1024
     assert [race.num_chunks(v) for v in (1, 1024, 1025, 50000)] == [1, 1, 2, 49]

@@ -1,4 +1,4 @@
-"""The one call path: every public function calls its registered op (core/registry.py,
+"""The one call path: every public function calls its registered op (core/ops/registry.py,
 ``register_op``), so the op's kernel, checks and version bumps serve every call, and a kernel a user
 registers for a device (``torch.library.register_kernel`` or ``torch.library.impl``) serves that
 device's calls of the public functions too.
@@ -165,7 +165,7 @@ def test_opcheck_with_inputs_that_require_grad():
 def test_triton_launchers_run_on_the_tensors_cuda_device(monkeypatch):
     # Triton launches on the current CUDA device: tensors on another one must be served with their
     # device made current (else the kernel reads another GPU's memory), and the current one restored.
-    from specops.core.registry import Backends
+    from specops.core.ops.registry import Backends
 
     current = [0]
 

@@ -1,4 +1,4 @@
-"""Exact, order-free sums of chunk masses (specops/core/sums.py and its Triton twin): a row's total
+"""Exact, order-free sums of chunk masses (specops/core/sampling/sums.py and its Triton twin): a row's total
 mass must not depend on how its chunks are grouped (over programs, or over ranks), and must be
 the exact sum to float64 precision."""
 
@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from inputs import DEVICE  # tests/inputs.py
-from specops.core import sums
-from specops.core.sums_triton import BIN_LANES, add_masses, to_float
+from specops.core.sampling import sums
+from specops.core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 
 # Chunk masses of every magnitude float32 has, zeros among them.
 KINDS = {

@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index, overlaps,
-                          require_tensor, shape)
-from ..core.probs import PROBABILITY_BOUND
+from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index, overlaps,
+                               require_tensor, shape)
+from ..core.sampling.probs import PROBABILITY_BOUND
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)

@@ -4,8 +4,8 @@ chain read them (docs/semantics.md, steps 2-3), in the token and block kernels."
 import triton
 import triton.language as tl
 
-from ..core.logits_triton import STATS, probabilities_at
-from ..core.probs_triton import ABSENT
+from ..core.logits.triton import STATS, probabilities_at
+from ..core.sampling.probs_triton import ABSENT
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Verifiers of a chain of drafts from logits: token and block verification of the distributions
-each request's sampling parameters make of the target's logits (core/logits.py): the schema,
+each request's sampling parameters make of the target's logits (core/logits/rule.py): the schema,
 argument check, value check and fake's outputs their registered ops share
-(``core.registry.register_op``).
+(``core.ops.registry.register_op``).
 
 The drafts come from ``draft_probs`` as given, from ``draft_logits`` processed with the same
 parameters, or greedily (neither: one-hot drafts).
@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..core import logits as params
-from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index,
-                          require_tensor, shape)
+from ..core.logits import rule as params
+from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
+                               require_tensor, shape)
 from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_counters_apart,
                         check_values)
 
@@ -128,7 +128,7 @@ def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_
                      process=params.processed_rows):
     """The (draft_probs, target_probs) the chain rules verify: the target's logits, and the
     draft's when given, processed by each request's parameters (``process``: the rule of
-    core/logits.py, or a faster way to the same rows); draft_probs as given otherwise (None:
+    core/logits/rule.py, or a faster way to the same rows); draft_probs as given otherwise (None:
     one-hot drafts)."""
 
     def processed(logits):

@@ -1,10 +1,10 @@
 """The fused from-logits backend of a chain verifier's Triton launcher (token and block
-verification): every row's statistics (``core/logits_launch.py``), then the verifier's kernels
+verification): every row's statistics (``core/logits/launch.py``), then the verifier's kernels
 reading the logits through them; its torch twin is ``from_logits.on_processed_rows``."""
 
 from __future__ import annotations
 
-from ..core.logits_launch import row_statistics
+from ..core.logits.launch import row_statistics
 
 
 def on_row_statistics(verify):

@@ -1,6 +1,6 @@
 """What a chain verifier's registered op is made of: token and block verification take the same
 arguments and return output_token_ids (B, N + 1) int32, so they share one schema, one argument
-check, one value check and one fake's outputs (``core.registry.register_op`` takes them).
+check, one value check and one fake's outputs (``core.ops.registry.register_op`` takes them).
 """
 
 from __future__ import annotations

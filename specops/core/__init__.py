@@ -1,2 +1,2 @@
-"""What every sampler shares: randomness (Philox, in torch and Triton), the chunked exponential-race
-row sampler, seed/offset resolution, argument checks, backend choice and op registration."""
+"""What every sampler shares: the sampling math (``sampling/``), logits made into distributions
+(``logits/``), registering and calling ops (``ops/``) and launching Triton kernels (``launch/``)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import specops
-from specops.core.logits import processed_rows
+from specops.core.logits.rule import processed_rows
 from .progress import Progress
 from .stats import chi2_pvalue
 

@@ -18,9 +18,9 @@ import torch
 from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_checks
 from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart, check_values
 from ..chain.from_logits import check_logits_arguments, check_logits_values
-from ..core.checks import validation_enabled
-from ..core import logits as params
-from ..core.seeding import SeedLike, resolve_seed_and_offset
+from ..core.ops.checks import validation_enabled
+from ..core.logits import rule as params
+from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
                    resolve_group)
 from .logits import SEARCH_TOP_K, SEARCH_TOP_P, processed_inputs

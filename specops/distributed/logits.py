@@ -1,4 +1,4 @@
-"""The from-logits rule (core/logits.py) on vocabulary shards: every row's peak, greedy token,
+"""The from-logits rule (core/logits/rule.py) on vocabulary shards: every row's peak, greedy token,
 top-k and top-p thresholds and kept mass found over all ranks with collectives of O(rows)
 elements, so that each rank's processed columns are the single-device ones.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..core import logits as params
+from ..core.logits import rule as params
 from ..chain.from_logits import per_row
 from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
@@ -50,7 +50,7 @@ def bisect(e: torch.Tensor, enough) -> torch.Tensor:
 
 
 def top_k_threshold(shard: Shard, e, keep, top_k) -> torch.Tensor:
-    """core/logits.top_k_threshold over every rank's columns: (R, 1); -1 (keep all) where k is
+    """core/logits/rule.top_k_threshold over every rank's columns: (R, 1); -1 (keep all) where k is
     0 or at least V. With fewer than k kept the search ends at 0.0, which also keeps all.
 
     Each round splits the patterns [lo, lo + width) into 16 buckets of ``step``; the kept
@@ -76,7 +76,7 @@ def top_k_threshold(shard: Shard, e, keep, top_k) -> torch.Tensor:
 
 
 def top_p_threshold(shard: Shard, e, keep, top_p) -> torch.Tensor:
-    """core/logits.top_p_threshold over every rank's columns: (R, 1); -1 where P >= 1."""
+    """core/logits/rule.top_p_threshold over every rank's columns: (R, 1); -1 where P >= 1."""
     goal = top_p.double() * kept_totals(shard, e, keep)
     threshold = bisect(e, lambda above: kept_totals(shard, e, keep & above) >= goal)
     return torch.where((top_p < 1)[:, None], threshold, -1.0)
@@ -97,7 +97,7 @@ def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
 
 def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
                     searches: int) -> torch.Tensor:
-    """core/logits.processed_rows of the (R, width) shards of R rows: float32 (R, width).
+    """core/logits/rule.processed_rows of the (R, width) shards of R rows: float32 (R, width).
     ``searches`` says which threshold searches run (decided from the arguments' kinds, the same
     on every rank, so that every rank makes the same collectives)."""
     x = logits.float()

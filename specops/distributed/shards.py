@@ -17,10 +17,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..core import sums
-from ..core.probs import sanitize
-from ..core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
-from ..core.randomness import uniforms_at
+from ..core.sampling import sums
+from ..core.sampling.probs import sanitize
+from ..core.sampling.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
+from ..core.sampling.randomness import uniforms_at
 from ..chain.drafts import at_draft_ids
 from .comm import all_gather, all_reduce
 
@@ -78,7 +78,7 @@ def piece_slots(shard: Shard, first_race_slot: int, device) -> torch.Tensor:
 
 def piece_masses(shard: Shard, rows: torch.Tensor) -> torch.Tensor:
     """Float32 mass of every piece of the (R, width) rows: (R, P); the pieces after the head are
-    chunks, summed as core/race.py sums them."""
+    chunks, summed as core/sampling/race.py sums them."""
     head = shard.head
     masses = [rows[:, :head].sum(-1, keepdim=True)] if head else []
     if head < shard.width:
@@ -124,7 +124,7 @@ def race(shard: Shard, rows: torch.Tensor, seed, offset, first_race_slot: int,
 
 def exact_totals(shard: Shard, masses: torch.Tensor) -> torch.Tensor:
     """The exact sum over every rank's pieces of the float32 piece masses (..., P): float64
-    (...), one all_reduce of the int64 bins (core/sums.py: integer sums, so the grouping of the
+    (...), one all_reduce of the int64 bins (core/sampling/sums.py: integer sums, so the grouping of the
     pieces over ranks cannot change them)."""
     bins = all_reduce(sums.bins_of(masses), dist.ReduceOp.SUM, shard.group)
     return sums.to_float(sums.normalise(bins))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..core.probs import rows_at, sanitize
+from ..core.sampling.probs import rows_at, sanitize
 from ..chain.outputs import write_outputs
 from ..chain.token import reference as token_reference, slots as token_slots
 from ..chain.block import reference as block_reference, slots as block_slots
-from ..core.randomness import request_uniforms
+from ..core.sampling.randomness import request_uniforms
 from .shards import Shard, exact_totals, exchanged_values, piece_masses, race, values_at_ids
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core.checks import (device_error, dtype_error, dtype_name, first_bad_index, require_tensor,
-                           shape)
-from ..core.probs import PROBABILITY_BOUND
+from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
+                               require_tensor, shape)
+from ..core.sampling.probs import PROBABILITY_BOUND
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.backends import in_inference_mode
-from ..core.probs import sanitize
-from ..core.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
-from ..core.sums import exact_total
+from ..core.ops.backends import in_inference_mode
+from ..core.sampling.probs import sanitize
+from ..core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
+from ..core.sampling.sums import exact_total
 from . import reference, slots
 
 # PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
@@ -35,7 +35,7 @@ def _sanitized(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _sample(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -> torch.Tensor:
-    """core.race.sample_rows of contiguous rows, reading the winning chunk where it lies instead
+    """core.sampling.race.sample_rows of contiguous rows, reading the winning chunk where it lies instead
     of a padded copy of every row: the same race, and the same inverse CDF (the padding is zeros,
     which add nothing to a prefix sum)."""
     chunk, key = race_winner(chunk_masses(rows), -torch.log(u_race.double()))

@@ -19,11 +19,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..core.philox import philox_uniform, split_int64
-from ..core.probs_triton import sanitize
-from ..core.race_triton import (keep_best, masses_p, masses_residual, race_group, race_start,
-                               race_token)
-from ..core.sums_triton import BIN_LANES, add_masses, to_float
+from ..core.sampling.philox import philox_uniform, split_int64
+from ..core.sampling.probs_triton import sanitize
+from ..core.sampling.race_triton import (keep_best, masses_p, masses_residual, race_group,
+                                         race_start, race_token)
+from ..core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 
 
 @triton.jit

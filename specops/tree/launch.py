@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.launcher import FOUR_WARPS, TritonKernel
-from ..core.race import CHUNK_SIZE
+from ..core.launch.launcher import FOUR_WARPS, TritonKernel
+from ..core.sampling.race import CHUNK_SIZE
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.registry import Backends, register_op
+from ..core.ops.registry import Backends, register_op
 from .arguments import check_arguments, check_values
 from .cpu import tree_speculative_sampling_cpu
 from .reference import tree_speculative_sampling_reference

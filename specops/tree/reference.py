@@ -15,10 +15,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..core.probs import sanitize
-from ..core.race import chunk_masses, sample_rows
-from ..core.randomness import request_uniforms
-from ..core.sums import exact_total
+from ..core.sampling.probs import sanitize
+from ..core.sampling.race import chunk_masses, sample_rows
+from ..core.sampling.randomness import request_uniforms
+from ..core.sampling.sums import exact_total
 from . import slots
 
 

@@ -16,7 +16,7 @@ uniform.
 
 from __future__ import annotations
 
-from ..core.race import num_chunks
+from ..core.sampling.race import num_chunks
 
 
 def coin_slot(node: int) -> int:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core import logits_cpu
+from ...core.logits import cpu as logits_cpu
 from ..from_logits import on_processed_rows
 from ..outputs import write_outputs
-from ...core.probs import PROBABILITY_BOUND, sanitize
-from ...core.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
+from ...core.sampling.probs import PROBABILITY_BOUND, sanitize
+from ...core.sampling.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
 from . import reference, slots
 
 # Bits of PROBABILITY_BOUND in each probability dtype (float16 rounds it to inf): the values that

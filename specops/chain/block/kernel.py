@@ -19,12 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits_triton import STATS, greedy_row, probabilities_at
-from ...core.philox import philox_uniform, split_int64
-from ...core.probs_triton import ABSENT
-from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
-                                 race_start, race_token, store_race_partial, winning_token)
-from ...core.sums_triton import BIN_LANES, add_masses, to_float
+from ...core.logits.triton import STATS, greedy_row, probabilities_at
+from ...core.sampling.philox import philox_uniform, split_int64
+from ...core.sampling.probs_triton import ABSENT
+from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual,
+                                          race_group, race_start, race_token, store_race_partial,
+                                          winning_token)
+from ...core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 from ..drafts_triton import draft_probabilities
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row

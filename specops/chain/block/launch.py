@@ -1,15 +1,15 @@
 """Launching the block-verification kernels: programs per candidate row from the launch model
-(``core/occupancy.py``), the output and the row pass's partials, then two ``kernel[grid]``
-launches (``core/launcher.py``)."""
+(``core/launch/occupancy.py``), the output and the row pass's partials, then two ``kernel[grid]``
+launches (``core/launch/launcher.py``)."""
 
 from __future__ import annotations
 
 import torch
 
-from ...core import occupancy
-from ...core.launcher import FOUR_WARPS, TritonKernel, placeholder
-from ...core.logits_launch import FROM_LOGITS_OPTIONS
-from ...core.race import CHUNK_SIZE, num_chunks
+from ...core.launch import occupancy
+from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
+from ...core.logits.launch import FROM_LOGITS_OPTIONS
+from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
@@ -40,7 +40,7 @@ def block_speculative_sampling_triton(
 
     ``num_splits`` overrides the programs per row (tests use it to show the output does not depend
     on it). With ``target_stats`` (and ``draft_stats``), target_probs (and draft_probs) hold
-    logits, read through those rows' statistics (core/logits_launch.py). No host
+    logits, read through those rows' statistics (core/logits/launch.py). No host
     synchronisation; two launches; every tensor it allocates is private to the call (safe on
     concurrent streams and in CUDA graphs).
     """

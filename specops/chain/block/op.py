@@ -4,7 +4,7 @@ twin, registered as torch ops with the schemas of token verification's ops
 
 from __future__ import annotations
 
-from ...core.registry import Backends, register_op
+from ...core.ops.registry import Backends, register_op
 from .. import from_logits, verifier
 from .cpu import block_speculative_sampling_cpu, block_speculative_sampling_from_logits_cpu
 from .reference import (block_speculative_sampling_from_logits_reference,

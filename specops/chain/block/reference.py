@@ -13,12 +13,12 @@ from typing import NamedTuple
 import torch
 
 from ..outputs import write_outputs
-from ...core.probs import sanitize
+from ...core.sampling.probs import sanitize
 from ..drafts import at_draft_ids
 from ..from_logits import on_processed_rows
-from ...core.race import chunk_masses, num_chunks, sample_rows
-from ...core.sums import exact_total
-from ...core.randomness import request_uniforms
+from ...core.sampling.race import chunk_masses, num_chunks, sample_rows
+from ...core.sampling.sums import exact_total
+from ...core.sampling.randomness import request_uniforms
 from . import slots
 
 
@@ -95,7 +95,7 @@ def stop_probabilities(rows: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     """Step 6: h_t = m_t / (m_t + 1 - w_t), 1 where the denominator is 0: (B, N + 1) float64.
 
     m_t = sum(R_t) while the draft runs at t, w_t sum(p_t) where it has ended; the sums are the
-    exact totals of the race's chunk masses (core/sums.py). h_0 is never used.
+    exact totals of the race's chunk masses (core/sampling/sums.py). h_0 is never used.
     """
     batch, positions, vocab = rows.shape
     masses = chunk_masses(rows.reshape(batch * positions, vocab))

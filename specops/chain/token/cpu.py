@@ -20,12 +20,12 @@ from array import array
 import torch
 
 from ..outputs import write_outputs
-from ...core.backends import in_inference_mode
-from ...core.probs import rows_at
-from ...core.probs import PROBABILITY_BOUND
-from ...core.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
-from ...core.randomness import request_uniforms_fast, request_uniforms_host
-from ...core import logits_cpu
+from ...core.ops.backends import in_inference_mode
+from ...core.sampling.probs import rows_at
+from ...core.sampling.probs import PROBABILITY_BOUND
+from ...core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
+from ...core.sampling.randomness import request_uniforms_fast, request_uniforms_host
+from ...core.logits import cpu as logits_cpu
 from ..from_logits import on_processed_rows
 from . import reference, slots
 

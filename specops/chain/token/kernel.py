@@ -19,10 +19,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits_triton import STATS, greedy_row
-from ...core.philox import philox_uniform, split_int64
-from ...core.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual, race_group,
-                                 race_start, race_token, store_race_partial, winning_token)
+from ...core.logits.triton import STATS, greedy_row
+from ...core.sampling.philox import philox_uniform, split_int64
+from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual,
+                                          race_group, race_start, race_token, store_race_partial,
+                                          winning_token)
 from ..drafts_triton import draft_probabilities
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes

@@ -1,6 +1,6 @@
 """Launching the token-verification kernel: programs per request from the launch model
-(``core/occupancy.py``), the output and, with P > 1, the call's own row-pass partials and
-arrival counts, then one ``kernel[grid]`` launch (``core/launcher.py``)."""
+(``core/launch/occupancy.py``), the output and, with P > 1, the call's own row-pass partials and
+arrival counts, then one ``kernel[grid]`` launch (``core/launch/launcher.py``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import functools
 
 import torch
 
-from ...core import occupancy
-from ...core.launcher import FOUR_WARPS, TritonKernel, placeholder
-from ...core.logits_launch import FROM_LOGITS_OPTIONS
-from ...core.race import CHUNK_SIZE, num_chunks
+from ...core.launch import occupancy
+from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
+from ...core.logits.launch import FROM_LOGITS_OPTIONS
+from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
@@ -58,7 +58,7 @@ def chain_speculative_sampling_triton(
     ``programs`` overrides the programs per request (tests use it to show the output does not
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
-    statistics (core/logits_launch.py). No host synchronisation. Every tensor it allocates is
+    statistics (core/logits/launch.py). No host synchronisation. Every tensor it allocates is
     the call's own (safe on concurrent streams and in CUDA graphs).
     """
     batch, num_draft = draft_token_ids.shape

@@ -3,7 +3,7 @@ registered as torch ops."""
 
 from __future__ import annotations
 
-from ...core.registry import Backends, register_op
+from ...core.ops.registry import Backends, register_op
 from .. import from_logits, verifier
 from .cpu import chain_speculative_sampling_cpu, chain_speculative_sampling_from_logits_cpu
 from .reference import (chain_speculative_sampling_from_logits_reference,

@@ -12,11 +12,11 @@ from typing import NamedTuple
 import torch
 
 from ..outputs import write_outputs
-from ...core.probs import rows_at, sanitize
+from ...core.sampling.probs import rows_at, sanitize
 from ..drafts import at_draft_ids
 from ..from_logits import on_processed_rows
-from ...core.race import sample_rows
-from ...core.randomness import request_uniforms
+from ...core.sampling.race import sample_rows
+from ...core.sampling.randomness import request_uniforms
 from . import slots
 
 

@@ -8,7 +8,7 @@ N draft positions, K = ceil(V / CHUNK_SIZE) vocabulary chunks:
 
 from __future__ import annotations
 
-from ...core.race import num_chunks
+from ...core.sampling.race import num_chunks
 
 
 def cdf_slot(num_draft: int) -> int:

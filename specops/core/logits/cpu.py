@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import logits as rule
+from . import rule
 
 # A float32 sum of a chunk's 1024 weights lies within 1024 * 2**-24 (about 6e-5) of its exact
 # value, relative; so does the exact mass of the chunk sums against the estimate. 2**-12 covers it.

@@ -21,9 +21,9 @@ float32 bit patterns of t in [0, 1], one pass over the row per step: a row takes
 import triton
 import triton.language as tl
 
-from . import logits
-from .probs_triton import sanitize, widen
-from .sums_triton import BIN_LANES, add_masses, to_float
+from ..sampling.probs_triton import sanitize, widen
+from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
+from . import rule as logits
 
 NO_MASS = tl.constexpr(0)
 SAMPLED = tl.constexpr(1)

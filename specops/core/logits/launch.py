@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .launcher import TritonKernel, build_options
-from .logits_triton import row_statistics_kernel
-from .race import CHUNK_SIZE
+from ..launch.launcher import TritonKernel, build_options
+from ..sampling.race import CHUNK_SIZE
+from .triton import row_statistics_kernel
 
 STATS_FIELDS = 6  # logits_triton.STATS
 # How the samplers build the kernels that read logits (no multiply-add contraction, as every

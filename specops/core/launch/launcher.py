@@ -5,7 +5,7 @@ A ``TritonKernel`` is a ``@triton.jit`` function (``.fn``) with the options it i
 **kernel.options)``, so Triton binds the arguments, picks and caches the specialisation and honours
 its hooks and settings on every call.
 
-A launch plan (``core/occupancy.py``) needs the registers and shared memory of the compiled kernel
+A launch plan (``core/launch/occupancy.py``) needs the registers and shared memory of the compiled kernel
 a launch will run. ``TritonKernel.resources`` reads them as Triton's fused-softmax tutorial does:
 ``JITFunction.warmup`` compiles (or finds in Triton's cache) the kernel the arguments select,
 ``_init_handles()`` loads it, and ``n_regs`` and ``metadata.shared`` are read; once per device and

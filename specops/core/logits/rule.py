@@ -28,8 +28,8 @@ import math
 
 import torch
 
-from .race import chunk_masses
-from .sums import exact_total
+from ..sampling.race import chunk_masses
+from ..sampling.sums import exact_total
 
 LOG2E = float(torch.tensor(1 / math.log(2), dtype=torch.float32))  # log2(e), as float32
 
@@ -164,7 +164,7 @@ def check_parameters(parameters: dict, batch: int, device: torch.device, referen
 
 def check_parameter_values(parameters: dict) -> None:
     """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first."""
-    from .checks import first_bad_index
+    from ..ops.checks import first_bad_index
 
     for name, value in parameters.items():
         where = first_bad_index(~in_range(name, value))

@@ -1,0 +1,2 @@
+"""The sampling math every sampler shares, each in torch and as its Triton twin: Philox randomness,
+the chunked exponential race, exact sums of chunk masses and reading probabilities."""
