@@ -7,7 +7,7 @@ cycle, so a loop that spends I warp-instructions per byte cannot go faster than
 kernel (fp32/fp16/bf16 x draft_probs given or None) for GPUTarget("cuda", 90, 32) with its
 launcher's own options, disassembles it with line information (nvdisasm, shipped with Triton),
 finds each row loop (an innermost loop of masses_p / masses_residual, the row stages every kernel
-takes from specops/core/race_triton.py), counts its instructions, and prints per variant the
+takes from specops/core/sampling/race_triton.py), counts its instructions, and prints per variant the
 instructions per byte and that bound.
 
     python benchmarks/sass_budget.py            # the tables (a few minutes)
@@ -172,7 +172,7 @@ def innermost_loops(rows):
 
 
 def source_file(path: str) -> str:
-    """A source file as its last three path parts (specops/core/race_triton.py): Triton's cache
+    """A source file as its last three path parts (specops/core/sampling/race_triton.py): Triton's cache
     may hand back a kernel compiled from another checkout of the same source, whose line table
     names that checkout's files."""
     return "/".join(os.path.realpath(path).split(os.sep)[-3:])
@@ -187,7 +187,7 @@ def source_lines(fn) -> set[tuple[str, int]]:
 
 def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
     """Loop name -> the source lines that mark it, for each row loop (both samplers' row passes
-    share them, in specops/core/race_triton.py). masses_p compiles to two loops where its SCALED
+    share them, in specops/core/sampling/race_triton.py). masses_p compiles to two loops where its SCALED
     is used both ways (the block row pass), told apart by its chunk step's weighting line."""
     from specops.core.sampling.race_triton import _p_values, masses_p, masses_residual
 

@@ -4,7 +4,7 @@ The interpreter accepts code the compiler rejects (globals that are not constexp
 dtypes, ...), so CI also compiles the specialisations the launcher can produce and reads the
 result (benchmarks/sass_budget.py does the compiling and the reading): the row loops must use
 16-byte global loads and stay within the instruction budget, and nothing may spill to local
-memory (the launch model reads each loaded kernel's registers itself: core/occupancy.py).
+memory (the launch model reads each loaded kernel's registers itself: core/launch/occupancy.py).
 The compilation runs in subprocesses without ``TRITON_INTERPRET`` (under the interpreter
 ``@triton.jit`` builds interpreter objects that cannot be compiled).
 

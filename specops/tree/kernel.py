@@ -30,7 +30,7 @@ from ..core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 def _residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
                    GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over a node's row pair, GROUP chunks at a time: the exact mass of the residual
-    R = relu(w_row p - q) (float64, as core/sums.py's exact_total of its float32 chunk masses) and
+    R = relu(w_row p - q) (float64, as core/sampling/sums.py's exact_total of its float32 chunk masses) and
     the best (key, chunk) of the R race and of the p race."""
     res_key, res_chunk, p_key, p_chunk = race_start()
     bins = tl.zeros([1, BIN_LANES], tl.int64)

@@ -29,9 +29,9 @@ from ...core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 from ..drafts_triton import draft_probabilities
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
-# [b (N + 1) + t, s] with the race fields of core/race_triton.py (R_t-race key, p_t-race key, the
+# [b (N + 1) + t, s] with the race fields of core/sampling/race_triton.py (R_t-race key, p_t-race key, the
 # token of the race it used). Beside them, float32 (B (N + 1), K): the mass of every chunk of
-# every R_t, which the scan sums exactly (core/sums.py).
+# every R_t, which the scan sums exactly (core/sampling/sums.py).
 PARTIAL_FIELDS = tl.constexpr(RACE_FIELDS)
 # Masses the scan sums at once, over its rows: up to 32 chunks a row, fewer for more rows. A wider
 # tile gives each thread more rows of every per-row vector too (Philox lanes included), which
@@ -192,7 +192,7 @@ def block_row_pass_kernel(
     seed_stride, offset_stride, seed_per_request,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
-    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits.py)
+    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
 ):
     # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
     b = tl.program_id(0).to(tl.int64)
@@ -279,7 +279,7 @@ def _weights(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_d
 @triton.jit
 def _row_masses(masses_ptr, b, num_draft, chunks, BLOCK_N: tl.constexpr):
     """float64 mass of R_t for t = 0..N (lanes): the exact sum of its chunk masses, as
-    core/sums.py's exact_total."""
+    core/sampling/sums.py's exact_total."""
     t = tl.arange(0, BLOCK_N)
     rows = b * (num_draft + 1) + t.to(tl.int64)
     MASS_BLOCK: tl.constexpr = min(32, MASS_TILE // BLOCK_N)  # chunks a row, at once

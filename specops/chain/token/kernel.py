@@ -27,7 +27,7 @@ from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, m
 from ..drafts_triton import draft_probabilities
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
-# row [b, s]: the race fields of core/race_triton.py (residual-race key, p-race key, the token of
+# row [b, s]: the race fields of core/sampling/race_triton.py (residual-race key, p-race key, the token of
 # the race it used).
 PARTIAL_FIELDS = RACE_FIELDS
 
@@ -130,7 +130,7 @@ def chain_speculative_sampling_kernel(
     stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
-    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits.py)
+    LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
     BLOCK_P: tl.constexpr,  # the most programs per request, a power of 2
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows

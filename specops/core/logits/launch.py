@@ -1,5 +1,5 @@
 """Launching ``logits_triton.row_statistics_kernel``: one program per row of logits, one
-``kernel[grid]`` launch (core/launcher.py)."""
+``kernel[grid]`` launch (core/launch/launcher.py)."""
 
 from __future__ import annotations
 

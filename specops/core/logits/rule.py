@@ -14,7 +14,7 @@ min-p M:
    k == 0 or k >= V keeps all.
 6. top-p: of what is left, keep the tokens with e >= t, for the largest t among their weights
    whose kept mass W(t) = sum(e >= t) is at least P * W(0); P == 1 keeps all. Masses are exact
-   sums of the float32 chunk masses (core/sums.py), compared in float64.
+   sums of the float32 chunk masses (core/sampling/sums.py), compared in float64.
 7. p = e * r for the kept tokens, r = 1 / W (W the kept mass; r rounded to float32), 0 elsewhere.
 
 A request whose parameters are out of range (T negative or NaN, k negative, P outside (0, 1], M

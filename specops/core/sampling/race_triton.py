@@ -37,7 +37,7 @@ def inverse_cdf(values, u, CHUNK: tl.constexpr):
 # q is read, floored at 0 (float32): block verification passes its candidate row's weight w_t,
 # token verification the constant 1.0, which the compiler folds away (its SASS is unchanged by it).
 # p and q are probabilities, sanitised; or, with P_LOGITS / Q_LOGITS, logits read through their
-# sampled rows' statistics (core/logits_triton.py; the stats arguments point at them).
+# sampled rows' statistics (core/logits/triton.py; the stats arguments point at them).
 
 
 @triton.jit
