@@ -6,7 +6,7 @@
 verification").
 ``specops.warmup`` loads every kernel a decode loop can launch before the loop starts.
 Layout: ``core/`` holds what every sampler shares, each sampler has its own package (``chain/``
-token and block verification, ``tree/`` tree verification); docs/contributing.md has the map.
+token and block verification, ``tree/`` tree verification); docs/internals/contributing.md has the map.
 """
 
 from .api import (chain_speculative_sampling, chain_speculative_sampling_from_logits,

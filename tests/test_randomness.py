@@ -1,5 +1,5 @@
 """The randomness contract (specops/core/randomness.py, its Triton twin specops/core/philox.py,
-docs/randomness.md): Philox4x32-10 bit for bit, uniforms in the open interval (0, 1), and the
+docs/internals/randomness.md): Philox4x32-10 bit for bit, uniforms in the open interval (0, 1), and the
 slot/stream layout the sampler uses."""
 
 from __future__ import annotations
