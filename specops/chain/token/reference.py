@@ -1,6 +1,6 @@
 """Chain speculative sampling with token verification: the plain reference.
 
-docs/semantics.md written in torch, step for step, vectorised over the batch and nothing more: it is
+docs/token.md written in torch, step for step, vectorised over the batch and nothing more: it is
 the oracle every backend is tested against. ``cpu.py`` beside it is the fast CPU backend; ``kernel.py``
 the Triton kernel. The steps are separate functions so that the CPU backend can reuse them.
 """
