@@ -5,7 +5,7 @@ that each fit in under 5 minutes on an H200 and write their results to $OUT as t
     OUT=results python benchmarks/gpu_check.py --step grid-bfloat16 --step host   # some steps
     OUT=/tmp/rehearsal python benchmarks/gpu_check.py --rehearse   # on CPU, tiny shapes, ~1 minute
 
-Steps, in the order they run (docs/performance.md, "How to run the GPU check", has their times):
+Steps, in the order they run (docs/internals/performance.md, "How to run the GPU check", has their times):
   gpu-tests       pytest -m gpu: the Triton kernel on the GPU
   compile-tests   tests/test_triton_compile.py: the kernel compiles for Hopper
   recipes         tests/test_docs.py: the docs' CUDA-graph and torch.compile recipes, demo, benchmark

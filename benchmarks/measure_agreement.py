@@ -4,7 +4,7 @@ tree``: random trees of 2-14 nodes, with or without draft probabilities and repl
 
 The kernel and the reference sum chunk masses (float32) and in-chunk prefix sums (float64) in a
 different order, so a token can differ when two chunks' race keys lie within float32 rounding of
-each other, or a uniform lands within ~1e-16 of a CDF boundary (docs/kernel.md).  This script
+each other, or a uniform lands within ~1e-16 of a CDF boundary (docs/internals/kernel.md).  This script
 counts such mismatches (tokens or counters) over random requests.
 
 On CPU the kernel runs under TRITON_INTERPRET=1 (tens of ms per request), so use small vocabularies

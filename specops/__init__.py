@@ -2,11 +2,11 @@
 
 ``specops.chain_speculative_sampling`` is the FlashInfer-compatible API;
 ``torch.ops.specops.chain_speculative_sampling`` is the registered op it calls.
-``specops.tree_speculative_sampling`` verifies a tree of drafts (docs/semantics.md, "Tree
+``specops.tree_speculative_sampling`` verifies a tree of drafts (docs/tree.md, "Tree
 verification").
 ``specops.warmup`` loads every kernel a decode loop can launch before the loop starts.
 Layout: ``core/`` holds what every sampler shares, each sampler has its own package (``chain/``
-token and block verification, ``tree/`` tree verification); docs/contributing.md has the map.
+token and block verification, ``tree/`` tree verification); docs/internals/contributing.md has the map.
 """
 
 from .api import (chain_speculative_sampling, chain_speculative_sampling_from_logits,

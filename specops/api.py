@@ -4,7 +4,7 @@
 when none are given, turns ``seed`` / ``offset`` / ``generator`` into the op's int64 tensors, checks
 the arguments under the names the caller used, and calls ``torch.ops.specops.chain_speculative_
 sampling`` (or its block twin). ``tree_speculative_sampling`` does the same for a tree of drafts
-and ``torch.ops.specops.tree_speculative_sampling`` (docs/semantics.md, "Tree verification").
+and ``torch.ops.specops.tree_speculative_sampling`` (docs/tree.md, "Tree verification").
 Every call goes through the registered op, so eager calls, traced calls and a user's kernel for a
 device all see the same op.
 """
@@ -182,7 +182,7 @@ def tree_speculative_sampling(
     seed: SeedLike = None,
     offset: SeedLike = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Speculative sampling over a tree of drafts, exact (docs/algorithm.md, "Tree verification"):
+    """Speculative sampling over a tree of drafts, exact (docs/tree.md, "Tree verification"):
     SpecInfer's multi-round rejection sampling (Miao et al. 2024), its without-replacement form,
     recursive rejection sampling (Jeon et al. 2024), or target-only verification when there are
     no draft probabilities.

@@ -1,7 +1,7 @@
 """The README and docs run as written; the demo and the benchmark work end to end.
 
 * the README's python blocks (the usage example) are executed;
-* every python block in README.md and docs/*.md compiles; those preceded by a
+* every python block in README.md and docs/**/*.md compiles; those preceded by a
   ``<!-- runnable -->`` line are executed, and those preceded by ``<!-- runnable-gpu -->`` are
   executed where CUDA is available (benchmarks/gpu_check.py runs this file on the GPU machine);
 * relative links in the docs point at files that exist;
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 BLOCKS_RUN = itertools.count()
 BLOCK = re.compile(r"(?:<!-- (runnable|runnable-gpu) -->[ \t]*\n)?```python\n(.*?)```", re.S)
 
@@ -153,7 +153,7 @@ def test_demo_runs_beside_a_clone_named_specops(tmp_path):
 def test_contributing_interpreter_demo_command_passes():
     """contributing.md's command: the demo through the Triton kernel under the interpreter."""
     command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 16"
-    assert command in (ROOT / "docs" / "contributing.md").read_text()
+    assert command in (ROOT / "docs" / "internals" / "contributing.md").read_text()
     env = dict(os.environ, TRITON_INTERPRET="1", SPECOPS_BACKEND="triton", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, *command.split()[3:]], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
@@ -267,7 +267,7 @@ def test_demo_check_catches_a_biased_sampler(monkeypatch, capsys):
 
 
 def shell_commands():
-    """Every command line of the bash blocks of README.md and docs/*.md (comments stripped)."""
+    """Every command line of the bash blocks of README.md and docs/**/*.md (comments stripped)."""
     for path in [ROOT / "README.md", *DOCS]:
         for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
             for line in block.splitlines():

@@ -1,4 +1,4 @@
-"""Edge cases with exactly predictable outcomes (docs/semantics.md)."""
+"""Edge cases with exactly predictable outcomes (docs/token.md)."""
 
 from __future__ import annotations
 

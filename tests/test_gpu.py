@@ -77,7 +77,7 @@ def test_matches_reference_large(batch, num_draft, vocab, dtype, draft):
     (o1, a1, e1), (o2, a2, e2) = outs
     mismatch = (o1 != o2).any(dim=1) | (a1 != a2) | (e1 != e2)
     # Summation order differs (float32 chunk masses, float64 prefix sums): a flipped race is
-    # ~1e-7 likely per request (docs/kernel.md), so none is expected at this size.
+    # ~1e-7 likely per request (docs/internals/kernel.md), so none is expected at this size.
     assert int(mismatch.sum()) == 0
 
 

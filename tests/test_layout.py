@@ -1,4 +1,4 @@
-"""The package's layering, read from the imports in specops/ (docs/contributing.md, "Layout").
+"""The package's layering, read from the imports in specops/ (docs/internals/contributing.md, "Layout").
 
 * specops/core/ is shared machinery: it imports nothing of specops outside core/. Its folders:
   sampling/ (the sampling math, torch and Triton twins), logits/ (logits made into distributions),
@@ -74,7 +74,7 @@ def inside(module: str, package: str) -> bool:
 def test_every_sampler_has_its_reference_op_kernel_and_launcher(sampler):
     missing = [f for f in ("reference", "op", "kernel", "launch", "slots")
                if f"{sampler}.{f}" not in MODULES]
-    assert not missing, f"{sampler} lacks {missing} (docs/contributing.md, 'Adding a sampler')"
+    assert not missing, f"{sampler} lacks {missing} (docs/internals/contributing.md, 'Adding a sampler')"
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if inside(n, "specops.core")])

@@ -1,4 +1,4 @@
-"""Property-based test (hypothesis): the invariants of docs/semantics.md on arbitrary, partly dirty input."""
+"""Property-based test (hypothesis): the invariants of docs/token.md on arbitrary, partly dirty input."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The randomness contract (specops/core/sampling/randomness.py, its Triton twin specops/core/sampling/philox.py,
-docs/randomness.md): Philox4x32-10 bit for bit, uniforms in the open interval (0, 1), and the
-slot/stream layout the sampler uses."""
+"""The randomness contract (specops/core/sampling/randomness.py, its Triton twin
+specops/core/sampling/philox.py, docs/internals/randomness.md): Philox4x32-10 bit for bit, uniforms
+in the open interval (0, 1), and the slot/stream layout the sampler uses."""
 
 from __future__ import annotations
 

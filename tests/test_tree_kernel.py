@@ -1,5 +1,5 @@
 """The tree kernel against the plain reference, token for token (under TRITON_INTERPRET=1 without
-a GPU), and the edge cases docs/semantics.md ("Tree verification") defines."""
+a GPU), and the edge cases docs/tree.md ("Tree verification") defines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tree op (docs/semantics.md, "Tree verification") and ``specops.tree_speculative_sampling``:
+"""The tree op (docs/tree.md, "Tree verification") and ``specops.tree_speculative_sampling``:
 registration (opcheck, schema), torch.compile, the CPU backend against the reference, chains
 against the chain op, absent nodes, duplicates, seeds and batch invariance, fixed-seed outputs."""
 

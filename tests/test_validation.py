@@ -1,5 +1,5 @@
 """Bad input: clear errors (the same in eager mode and at trace time), the opt-in value checks of
-SPECOPS_VALIDATE=1, and the tolerant behaviour of the default mode (docs/semantics.md, steps 2-5)."""
+SPECOPS_VALIDATE=1, and the tolerant behaviour of the default mode (docs/token.md, steps 2-5)."""
 
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def test_validate_mode_accepts_clean_input_and_padding(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-# Default mode: the tolerant semantics of docs/semantics.md, request by request
+# Default mode: the tolerant semantics of docs/token.md, request by request
 
 
 def one_hot(t, v=V):

@@ -1,4 +1,4 @@
-"""Reading the drafts as both verifiers of a chain read them (docs/semantics.md, steps 2-3)."""
+"""Reading the drafts as both verifiers of a chain read them (docs/token.md, steps 2-3)."""
 
 from __future__ import annotations
 

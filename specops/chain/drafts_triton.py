@@ -1,5 +1,5 @@
 """Triton twin of ``drafts.py`` (beside this file): a request's drafts read as both verifiers of a
-chain read them (docs/semantics.md, steps 2-3), in the token and block kernels."""
+chain read them (docs/token.md, steps 2-3), in the token and block kernels."""
 
 import triton
 import triton.language as tl

@@ -6,7 +6,7 @@ The race runs over *pieces*: a shard's columns split at the global multiples of 
 piece that starts at a chunk's first column is that whole chunk, or its part on this shard, and
 draws the chunk's uniform; a piece that starts inside a chunk (the first piece of a shard whose
 start is not a multiple of CHUNK_SIZE) draws the uniform of a slot of its own, keyed by its start
-(docs/randomness.md). The race over any partition is exact; with chunk-aligned shards every piece
+(docs/internals/randomness.md). The race over any partition is exact; with chunk-aligned shards every piece
 is a whole chunk and every number is the single-device one.
 """
 

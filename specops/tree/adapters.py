@@ -1,4 +1,4 @@
-"""Engines' tree layouts turned into the tree op's: node tokens and ``parents`` (docs/recipes.md,
+"""Engines' tree layouts turned into the tree op's: node tokens and ``parents`` (docs/tree.md,
 "Token trees").
 
 SGLang (EAGLE's tree verification) numbers a request's nodes 0..M, node 0 the root (the last

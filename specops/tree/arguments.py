@@ -107,7 +107,7 @@ def _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, se
 
 
 def present_nodes(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, M + 1) bool: the root (column 0) and every present node (docs/semantics.md, "Tree
+    """(B, M + 1) bool: the root (column 0) and every present node (docs/tree.md, "Tree
     verification", rule 1)."""
     ids, given = draft_token_ids.long(), parents.long()
     batch, num_nodes = ids.shape

@@ -1,5 +1,5 @@
 """The Triton kernel of tree speculative sampling (CUDA tensors, or CPU tensors under
-``TRITON_INTERPRET=1``); ``launch.py`` launches it. docs/kernel.md ("The tree kernel") explains
+``TRITON_INTERPRET=1``); ``launch.py`` launches it. docs/internals/kernel.md ("The tree kernel") explains
 the design.
 
 Grid (B,): program b walks request b's tree from the root, as ``reference.py`` does, and reads the

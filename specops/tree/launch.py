@@ -1,6 +1,6 @@
 """Launching the tree kernel: the three outputs, then one ``kernel[grid]`` launch of grid (B,).
 One program walks one request's tree, so there is no launch plan to make and no partials to
-combine (docs/performance.md, "Tree verification", says why)."""
+combine (docs/internals/performance.md, "Tree verification", says why)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tree speculative sampling: the plain reference.
 
-docs/semantics.md ("Tree verification") written in torch, vectorised over the batch: the oracle the
+docs/tree.md ("Tree verification") written in torch, vectorised over the batch: the oracle the
 Triton kernel is tested against. The walk down a tree is sequential, so it is a loop over steps in
 which every request takes its next step at once: with draft probabilities, one child judged per
 step (a walk judges at most M children, each node at most once); target-only, one draw per step

@@ -1,4 +1,4 @@
-"""Which Philox slot each random number of one tree request uses (docs/randomness.md, "Slots of
+"""Which Philox slot each random number of one tree request uses (docs/internals/randomness.md, "Slots of
 a tree request").
 
 M nodes (node i = 1..M; node 0 is the root), K = ceil(V / CHUNK_SIZE) vocabulary chunks; a call

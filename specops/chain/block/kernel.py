@@ -1,5 +1,5 @@
 """The Triton kernels of block verification (CUDA tensors, or CPU tensors under
-``TRITON_INTERPRET=1``); ``launch.py`` launches them. docs/block.md explains the design.
+``TRITON_INTERPRET=1``); ``launch.py`` launches them. docs/internals/kernel.md explains the design.
 
 Row pass, grid (B, N + 1, S): program (b, t, s) owns candidate row t of request b and the
 vocabulary chunks [s * chunks_per_program, (s + 1) * chunks_per_program). It recomputes w_t from

@@ -1,4 +1,4 @@
-"""Which Philox slot each random number of one block-verification request uses (docs/block.md).
+"""Which Philox slot each random number of one block-verification request uses (docs/internals/randomness.md).
 
 N draft positions, K = ceil(V / CHUNK_SIZE) vocabulary chunks:
     slot j,          j < N  : the alignment coin of draft position j, the very slot and rule of token

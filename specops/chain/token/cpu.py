@@ -2,7 +2,7 @@
 
 Same tokens as ``reference.py`` (tests/test_chain_cpu.py checks the rows and the tokens against it).
 On CPU a question about the data costs no host synchronisation, so this path asks them to skip
-work, and hands over to the reference's plain step 5 whenever a check fails (docs/decisions.md,
+work, and hands over to the reference's plain step 5 whenever a check fails (docs/internals/decisions.md,
 "Validation, backends, environment"):
   * a single request (B = 1) is decided on the host from its scalars, its uniforms drawn on Python
     ints, its rows read in place: at that size the fixed cost of each torch operation is most of

@@ -1,5 +1,5 @@
 """The Triton kernels of chain speculative sampling (CUDA tensors, or CPU tensors under
-``TRITON_INTERPRET=1``); ``launch.py`` launches them.  ``docs/kernel.md`` explains the design.
+``TRITON_INTERPRET=1``); ``launch.py`` launches them.  ``docs/internals/kernel.md`` explains the design.
 
 Grid (B, P): program (b, s) owns request b and the vocabulary chunks
 [s * chunks_per_program, (s + 1) * chunks_per_program), P programs per request.  Each program

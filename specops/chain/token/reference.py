@@ -1,6 +1,6 @@
 """Chain speculative sampling with token verification: the plain reference.
 
-docs/semantics.md written in torch, step for step, vectorised over the batch and nothing more: it is
+docs/token.md written in torch, step for step, vectorised over the batch and nothing more: it is
 the oracle every backend is tested against. ``cpu.py`` beside it is the fast CPU backend; ``kernel.py``
 the Triton kernel. The steps are separate functions so that the CPU backend can reuse them.
 """
@@ -28,7 +28,7 @@ class Verdict(NamedTuple):
     e: torch.Tensor  # (B,) the first position not accepted, N when all are (step 4)
     residual_at_e: torch.Tensor  # (B,) bool: a valid draft token was rejected at e (step 5)
     d_e: torch.Tensor  # (B,) the draft token at e, clamped into [0, V) (meaningful where residual)
-    uniforms: torch.Tensor  # (B, slots) every uniform of the request (docs/randomness.md)
+    uniforms: torch.Tensor  # (B, slots) every uniform of the request (docs/internals/randomness.md)
 
 
 def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,

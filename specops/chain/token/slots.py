@@ -1,4 +1,4 @@
-"""Which Philox slot each random number of one chain request uses (docs/randomness.md).
+"""Which Philox slot each random number of one chain request uses (docs/internals/randomness.md).
 
 N draft positions, K = ceil(V / CHUNK_SIZE) vocabulary chunks:
     slot j,          j < N : the acceptance coin of draft position j

@@ -11,7 +11,7 @@ the memory system is saturated when every slot is busy and each busy slot gets a
     predicted time = LATENCY + (bytes of all programs) / BANDWIDTH / busy fraction
 
 ``best_plan`` picks the P (tokens do not depend on it) with the least predicted time. The choice
-does not depend on LATENCY or BANDWIDTH, which only set the predicted time; docs/kernel.md
+does not depend on LATENCY or BANDWIDTH, which only set the predicted time; docs/internals/kernel.md
 explains the model and tests/test_launch.py checks that it has no cliffs.
 """
 
@@ -31,7 +31,7 @@ BANDWIDTH = 4.8e12  # bytes/s
 # L2, just read) and the race keys of its chunks. An estimate, to be calibrated on a GPU.
 TAIL_CHUNKS = 0.5
 # The work fills the machine when there are at least this many chunk reads per program slot: with
-# fewer, a whole number of chunks per program cannot spread evenly (docs/kernel.md).
+# fewer, a whole number of chunks per program cannot spread evenly (docs/internals/kernel.md).
 FILL_CHUNKS_PER_SLOT = 10
 
 

@@ -13,7 +13,7 @@ STATS_FIELDS = 6  # logits_triton.STATS
 # How the samplers build the kernels that read logits (no multiply-add contraction, as every
 # kernel): a row loop then does about twice the work per value of one reading probabilities
 # (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each chunk's block
-# reduction among twice the values (docs/kernel.md, the instruction budget).
+# reduction among twice the values (docs/internals/kernel.md, the instruction budget).
 FROM_LOGITS_OPTIONS = build_options(2)
 # The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers
 # and spills around the bisections' bookkeeping, and with a cap of 128 it takes what it needs.

@@ -93,7 +93,7 @@ def random_seed_and_offset(
 def resolve_seed_and_offset(
     seed: SeedLike, offset: SeedLike, generator: Optional[torch.Generator], device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (seed, offset) int64 tensors an op takes (docs/randomness.md, "When no seed is given")."""
+    """The (seed, offset) int64 tensors an op takes (docs/internals/randomness.md, "When no seed is given")."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None; got "
                         f"{type(generator).__name__}")

@@ -1,5 +1,5 @@
 """Reading probabilities as every sampler's rules read them: NaN, negative, infinite and too large
-values count as 0 (docs/semantics.md)."""
+values count as 0 (docs/token.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every random number a sampler uses is a pure function of (seed, offset, stream, slot), so the
 pure-torch code, the Triton kernel under ``TRITON_INTERPRET=1`` and the Triton kernel on a GPU draw
-the same numbers bit for bit, whatever the launch configuration.  ``docs/randomness.md`` states the
+the same numbers bit for bit, whatever the launch configuration.  ``docs/internals/randomness.md`` states the
 contract; ``philox.py`` beside this file is its Triton twin; each sampler documents which slot
 each of its random numbers uses.
 """
