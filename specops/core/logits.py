@@ -190,11 +190,11 @@ def as_parameter(name: str, value, device: torch.device, cache: dict | None) -> 
     number = int(value) if integer else float(value)
     if integer and number != value:
         raise TypeError(f"{name} must be an int; got {value!r}")
-    if not bool(in_range(name, torch.tensor(number))):
-        raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
     key = (name, number, device)
     tensor = None if cache is None else cache.get(key)
-    if tensor is None:
+    if tensor is None:  # a cached tensor's number was checked when it was made
+        if not bool(in_range(name, torch.tensor(number))):
+            raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
         with torch.inference_mode(False), torch.no_grad():
             tensor = torch.tensor([number], dtype=torch.int64 if integer else torch.float32,
                                   device=device)
