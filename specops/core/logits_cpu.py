@@ -27,7 +27,7 @@ import struct
 import torch
 
 from . import logits as rule
-from .race import CHUNK_SIZE
+from .race import chunk_mass_lists
 from .sums import exact_total_host
 
 # A float32 sum of a chunk's 1024 weights lies within 1024 * 2**-24 (about 6e-5) of its exact
@@ -123,19 +123,9 @@ def as_float32(x: float) -> float:
 
 def host_masses(kept: torch.Tensor) -> list[float]:
     """``rule.kept_mass`` of rows (R', V) whose dropped weights are 0 already: R' float64 values,
-    ``chunk_masses``'s sums (the same views of the rows) summed exactly on the host; nan where a
-    chunk mass is not finite."""
-    rows, vocab = kept.shape
-    full = vocab // CHUNK_SIZE
-    masses = [[] for _ in range(rows)]
-    if full:
-        whole = kept[:, : full * CHUNK_SIZE].view(rows, full, CHUNK_SIZE).sum(-1).tolist()
-        masses = whole
-    if vocab % CHUNK_SIZE:
-        for row, tail in zip(masses, kept[:, full * CHUNK_SIZE :].sum(-1).tolist()):
-            row.append(tail)
+    the chunk masses summed exactly on the host; nan where a chunk mass is not finite."""
     return [exact_total_host(row) if all(math.isfinite(m) for m in row) else math.nan
-            for row in masses]
+            for row in chunk_mass_lists(kept)]
 
 
 def below(t: float) -> float:
