@@ -140,6 +140,8 @@ def kept_rows(e: torch.Tensor, thresholds: list[list[float]]) -> torch.Tensor:
     through ``torch.threshold`` row by row (e > below(t)), many times faster than ``where``
     there; short ones through one ``where``, fewer operations."""
     width = len(thresholds[0])
+    if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
+        return e
     if e.shape[-1] < 2048:
         t = torch.tensor(thresholds, dtype=torch.float32)[:, :, None]
         rows = e[:, None, :]
@@ -172,63 +174,75 @@ def top_p_thresholds(e: torch.Tensor, floor: list[float], total: list[float],
     finds it among the kept weights; None when some row needs the general path.
 
     The largest weights are ranked (``torch.topk``, more of them while their float64 running sum
-    stays below the goal), the running sum narrows the answer's rank to those whose estimate lies
-    within a margin of the goal, and exact masses in passes of up to CANDIDATES thresholds per row
-    decide among them, the rank just before the range included (its mass must fall short)."""
+    stays below the goal plus a margin); the rank where that sum first reaches the goal is the
+    likely answer: exact masses check it and the weight just above it (one pass, as a rule), and
+    otherwise decide, in passes of up to CANDIDATES ranks per row, between the last rank known
+    short of the goal and the first known to reach it (the margin's end, checked)."""
     rows, vocab = e.shape
     kept = kept_rows(e, [[f] for f in floor])
     goals = [p * w for p, w in zip(top_p, total)]
     ranks = min(FIRST_RANKS, vocab)
     while True:
         ranked = kept.topk(ranks, dim=-1).values.tolist()
-        ranges = []
+        guesses, high = [], []
         for values, goal, w in zip(ranked, goals, total):
-            lo = hi = None
+            guess = hi = None
             running = 0.0
             for i, v in enumerate(values):
                 running += v
-                if lo is None and running >= goal - _MARGIN * w:
-                    lo = i
+                if guess is None and running >= goal:
+                    guess = i
                 if running >= goal + _MARGIN * w:
                     hi = i
                     break
-            if hi is None and ranks == vocab:  # the estimate never passed the goal's margin
+            if hi is None and ranks == vocab:  # ranks past the kept ones hold 0: W(0) >= goal
                 hi = vocab - 1
-            ranges.append((0 if lo is None else min(lo, hi if hi is not None else lo), hi))
-        if all(hi is not None for _, hi in ranges):
+            guesses.append(hi if guess is None else guess)
+            high.append(hi)
+        if all(hi is not None for hi in high):
             break
         if ranks == vocab:
             return None
         ranks = min(ranks * 8, vocab)
-    # Exact masses: the answer is the first rank in [lo, hi] with W >= goal; W(hi) >= goal and
-    # W(lo - 1) < goal are checked first (where the latter fails, e.g. for a tie, every rank up to
-    # hi is searched; where the former does, the call goes to the general path). Ranks past the kept ones hold 0, whose W is every weight's mass: at least the goal.
-    low = [lo - 1 for lo, _ in ranges]  # -1: rank 0 may be the answer
-    high = [hi for _, hi in ranges]
+
+    def first_of_tie(r: int, i: int) -> int:  # equal weights have equal W: search by weight
+        while i > 0 and ranked[r][i - 1] == ranked[r][i]:
+            i -= 1
+        return i
+
+    # W grows along the ranks: find the first rank with W >= goal, knowing low (short of it, or
+    # -1) and high (reaching it); done when high's tie begins right after low.
+    low = [-1] * rows
     seen: list[dict] = [{} for _ in range(rows)]  # rank -> W, per row
-    probes = [([lo] if lo >= 0 else []) + [hi] for lo, hi in zip(low, high)]
+    probes = [sorted({first_of_tie(r, g) - 1, g, hi} - {-1}) for r, (g, hi) in
+              enumerate(zip(guesses, high))]
     while True:
         masses = masses_at(e, [[ranked[r][i] for i in ranks] for r, ranks in enumerate(probes)])
         for r, ranks in enumerate(probes):
             seen[r].update(zip(ranks, masses[r]))
-        if any(seen[r][high[r]] < goals[r] for r in range(rows)):
-            return None
-        for r in range(rows):  # a rank tied with the range's first has its mass: search all
-            if low[r] >= 0 and seen[r][low[r]] >= goals[r]:
-                low[r] = -1
-        for r, ranks in enumerate(probes):  # the first rank probed inside (low, high) with enough
+            if seen[r][high[r]] < goals[r]:  # the margin's end must reach the goal
+                return None
             for i in ranks:
-                if low[r] < i < high[r]:
-                    if seen[r][i] >= goals[r]:
-                        high[r] = i
-                        break
-                    low[r] = i
-        if all(hi == lo + 1 for lo, hi in zip(low, high)):
+                if seen[r][i] >= goals[r]:
+                    high[r] = min(high[r], i)
+                else:
+                    low[r] = max(low[r], i)
+        if all(first_of_tie(r, high[r]) - 1 <= low[r] for r in range(rows)):
             return [(ranked[r][high[r]], seen[r][high[r]]) for r in range(rows)]
         probes = []
-        for lo, hi in zip(low, high):
+        for r in range(rows):
+            lo, hi = low[r], first_of_tie(r, high[r])
             step = max(1, -(-(hi - lo - 1) // CANDIDATES))
-            probes.append(list(range(lo + 1, hi, step)) or [hi])
+            probes.append(list(range(lo + 1, hi, step)) or [high[r]])
+
+
+def per_row(values: list[float]):
+    """Float32 values, one per row, as a factor of (R, V) rows: one Python number when all are
+    equal (a single request's: a float32 multiply by it gives the tensor's products, with no
+    tensor to build), else an (R, 1) tensor."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return torch.tensor(values, dtype=torch.float32)[:, None]
 
 
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -257,7 +271,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     # ``rule.weights``' float32 c = LOG2E / T: the float64 quotient of two float32 values rounds
     # to float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
     c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
-    e = torch.exp2((x - peak) * torch.tensor(c, dtype=torch.float32)[:, None])
+    e = torch.exp2((x - peak) * per_row(c))
 
     floor = [as_float32(value) for value in m]  # min-p (0: every weight passes)
     ks = [value if 0 < value < vocab and not g else 0 for value, g in zip(k, greedy)]
@@ -270,15 +284,14 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         return None
     nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
     if nucleus:
-        answers = top_p_thresholds(e[nucleus], [floor[r] for r in nucleus],
+        answers = top_p_thresholds(e if len(nucleus) == rows else e[nucleus], [floor[r] for r in nucleus],
                                    [total[r] for r in nucleus], [float(p[r]) for r in nucleus])
         if answers is None:
             return None
         for r, (threshold, mass) in zip(nucleus, answers):
             floor[r], total[r] = threshold, mass
-    scale = torch.tensor([as_float32(1.0 / w) if not g else 1.0 for w, g in zip(total, greedy)],
-                         dtype=torch.float32)[:, None]
-    out = (kept_rows(e, [[f] for f in floor]) if any(f > 0 for f in floor) else e) * scale
+    scale = per_row([as_float32(1.0 / w) if not g else 1.0 for w, g in zip(total, greedy)])
+    out = kept_rows(e, [[f] for f in floor]) * scale
     if any(greedy):
         which = torch.tensor(greedy)
         out[which] = rule.greedy_rows(logits[which], torch.ones((), dtype=torch.bool).expand(
