@@ -258,7 +258,8 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
     """A few rows (a single request's) are decided on the host (logits_cpu.few_rows): thresholds
     instead of masks, masses summed on the host, top-p over the largest ranks only. Its rows must
     be the rule's bit for bit, with ties, for short rows (one ``where``) and long ones
-    (``torch.threshold`` row by row); clean rows must not leave it for the general path."""
+    (``torch.threshold`` row by row), with -inf masks and bad logits; rows with a valid logit
+    must not leave it for the general path."""
     from specops.core import logits_cpu
 
     gen = torch.Generator().manual_seed(vocab)
@@ -267,6 +268,10 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         logits = torch.randn(n, vocab, generator=gen) * float(1 + trial % 5)
         if trial % 3 == 0:
             logits = logits.round()  # ties, at every threshold
+        if trial % 4 == 1:  # masked and bad logits; every row keeps a valid one
+            logits[:, :: 3] = -torch.inf
+            logits[0, 1] = torch.nan
+            logits[-1, -1] = torch.inf
         count = 1 if shared else n
         pick = lambda *values: torch.tensor(values)[
             torch.randint(len(values), (count,), generator=gen)].expand(n)

@@ -248,8 +248,8 @@ def per_row(values: list[float]):
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
              top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor | None:
     """``logits.processed_rows`` for a few rows, decided on the host; None when some row needs
-    the general path (parameters out of range, a bad logit, a row without mass, a weight that is
-    not a number).
+    the general path (parameters out of range, a row without mass, a weight that is not a
+    number).
 
     Each step keeps the weights at or above a threshold: min-p at M, top-k at its k-th largest
     weight (the k-th largest of all weights lies below M exactly when fewer than k pass M), top-p
@@ -261,17 +261,20 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     if not all(a >= 0 and b >= 0 and 0 < c <= 1 and 0 <= d <= 1 for a, b, c, d in zip(t, k, p, m)):
         return None  # out of range (``rule.out_of_range``; NaN fails every comparison)
     x = logits.float()
-    if not math.isfinite(x.sum().item()):  # NaN or an infinity (or a sum past float32's range)
-        return None
     greedy = [value == 0 for value in t]
-    if all(greedy):  # ``rule.greedy_rows`` where every logit is valid
+    # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
+    valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)
+    if all(greedy) and valid is None:  # ``rule.greedy_rows`` where every logit is valid
         return torch.zeros(rows, vocab).index_put_((torch.arange(rows), x.argmax(dim=-1)),
                                                    torch.ones(()))
-    peak = x.amax(dim=-1, keepdim=True)
-    # ``rule.weights``' float32 c = LOG2E / T: the float64 quotient of two float32 values rounds
-    # to float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
-    c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
-    e = torch.exp2((x - peak) * per_row(c))
+    if valid is None:  # ``rule.weights`` where every logit is valid
+        peak = x.amax(dim=-1, keepdim=True)
+        # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
+        # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
+        c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
+        e = torch.exp2((x - peak) * per_row(c))
+    else:  # invalid logits weigh 0, below every threshold above 0 and adding nothing to a mass
+        valid, e = rule.weights(logits, temperature)
 
     floor = [as_float32(value) for value in m]  # min-p (0: every weight passes)
     ks = [value if 0 < value < vocab and not g else 0 for value, g in zip(k, greedy)]
@@ -294,6 +297,6 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     out = kept_rows(e, [[f] for f in floor]) * scale
     if any(greedy):
         which = torch.tensor(greedy)
-        out[which] = rule.greedy_rows(logits[which], torch.ones((), dtype=torch.bool).expand(
-            int(which.sum()), vocab))
+        out[which] = rule.greedy_rows(logits[which], valid[which] if valid is not None else
+                                      torch.ones((), dtype=torch.bool).expand(sum(greedy), vocab))
     return out
