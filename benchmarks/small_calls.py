@@ -7,8 +7,10 @@ plus the probability op.
     python benchmarks/small_calls.py --softmax       # from logits (T = 1) against softmax + op
 
 Every call of a point is timed in every round, in a new order each round (the machine drifts
-between minutes); a round calls each one ``--calls`` times in a row. Printed: each call's median
-round in microseconds per call, its ratio to token verification from probabilities, and the torch
+between minutes); a round calls each one ``--calls`` times in a row. Time is this thread's CPU
+time (``time.thread_time``; one torch thread does all the work), so that other jobs on a shared
+machine, which take the core away, do not count; ``--wall`` times wall-clock instead. Printed:
+each call's median round in microseconds per call, its ratio to token verification from probabilities, and the torch
 operations it runs (top-level aten operations under torch.profiler: the fixed cost per call). The
 public functions are called as applications call them (eager, one torch thread).
 """
@@ -88,7 +90,7 @@ def operations(call) -> int:
                and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")))
 
 
-def measure(named: dict, rounds: int, per_round: int, baseline: str) -> None:
+def measure(named: dict, rounds: int, per_round: int, baseline: str, clock) -> None:
     for call in named.values():  # warm-up: first-call costs, caches
         call(), call()
     times = {name: [] for name in named}
@@ -97,10 +99,10 @@ def measure(named: dict, rounds: int, per_round: int, baseline: str) -> None:
         random.shuffle(order)
         for name in order:
             call = named[name]
-            start = time.perf_counter()
+            start = clock()
             for _ in range(per_round):
                 call()
-            times[name].append((time.perf_counter() - start) / per_round * 1e6)
+            times[name].append((clock() - start) / per_round * 1e6)
     base = statistics.median(times[baseline])
     print(f"| call | us | / {baseline} | torch ops |")
     print("| --- | ---: | ---: | ---: |")
@@ -114,14 +116,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=[16, 32000])
     parser.add_argument("--num-draft", type=int, nargs="+", default=[4])
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--calls", type=int, default=10, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=5, help="calls per round")
+    parser.add_argument("--wall", action="store_true", help="wall-clock time, not CPU time")
     parser.add_argument("--softmax", action="store_true",
                         help="from logits (T = 1) against softmax + the probability op")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     random.seed(args.seed)
+    clock = time.perf_counter if args.wall else time.thread_time
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"Python {platform.python_version()}, one torch thread, float32, "
           f"{time.strftime('%Y-%m-%d')}")
@@ -130,13 +134,13 @@ def main() -> None:
             for vocab in args.vocab:
                 gen = torch.Generator().manual_seed(args.seed)
                 print(f"\nB = {batch}, N = {num_draft}, V = {vocab}, {args.rounds} rounds of "
-                      f"{args.calls} calls\n")
+                      f"{args.calls} calls, {'wall-clock' if args.wall else 'CPU'} time\n")
                 if args.softmax:
                     measure(softmax_calls(batch, num_draft, vocab, gen), args.rounds,
-                            args.calls, "softmax + token, probs")
+                            args.calls, "softmax + token, probs", clock)
                 else:
                     measure(calls(batch, num_draft, vocab, gen), args.rounds, args.calls,
-                            "token, probs")
+                            "token, probs", clock)
 
 
 if __name__ == "__main__":
