@@ -109,6 +109,22 @@ def test_tokens_equal_the_reference_in_every_shape(batch, num_draft, vocab, with
         run_both(draft, ids, target, seed, offset)
 
 
+@pytest.mark.parametrize("vocab", [16, 2500])
+@pytest.mark.parametrize("dirt", DIRT)
+@pytest.mark.parametrize("with_draft", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_single_request_gives_the_reference_tokens(vocab, dirt, with_draft, dtype):
+    """A single request is decided on the host (cpu.one_request): every request of a dirty batch,
+    alone, in a strided layout too, must get the reference's tokens and counters."""
+    draft, ids, target = make_inputs(12, 4, vocab, dirt, seed=vocab + len(dirt))
+    target, draft = target.to(dtype), draft.to(dtype)
+    for b in range(ids.shape[0]):
+        for how in ("contiguous", "strided"):
+            one_draft = layout(draft[b : b + 1], how) if with_draft else None
+            run_both(one_draft, ids[b : b + 1], layout(target[b : b + 1], how),
+                     torch.tensor([b * 5 + 1]), torch.tensor([b]))
+
+
 @pytest.mark.parametrize("ids_dtype,counter_dtype", [(torch.int32, torch.int32),
                                                      (torch.int64, torch.int32),
                                                      (torch.int32, torch.int64)])

@@ -250,3 +250,34 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
         expected = processing.processed_rows(logits, *params)
         got = logits_cpu.processed_rows(logits, *params)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("vocab", [16, 3000])
+@pytest.mark.parametrize("shared", [True, False], ids=["one-request", "per-row"])
+def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
+    """A few rows (a single request's) are decided on the host (logits_cpu.few_rows): thresholds
+    instead of masks, masses summed on the host, top-p over the largest ranks only. Its rows must
+    be the rule's bit for bit, with ties, for short rows (one ``where``) and long ones
+    (``torch.threshold`` row by row), with -inf masks and bad logits; rows with a valid logit
+    must not leave it for the general path."""
+    from specops.core import logits_cpu
+
+    gen = torch.Generator().manual_seed(vocab)
+    for trial in range(40):
+        n = int(torch.randint(1, logits_cpu.FEW_ROWS + 1, (1,), generator=gen))
+        logits = torch.randn(n, vocab, generator=gen) * float(1 + trial % 5)
+        if trial % 3 == 0:
+            logits = logits.round()  # ties, at every threshold
+        if trial % 4 == 1:  # masked and bad logits; every row keeps a valid one
+            logits[:, :: 3] = -torch.inf
+            logits[0, 1] = torch.nan
+            logits[-1, -1] = torch.inf
+        count = 1 if shared else n
+        pick = lambda *values: torch.tensor(values)[
+            torch.randint(len(values), (count,), generator=gen)].expand(n)
+        params = (pick(0.0, 0.5, 1.0, 2.0), pick(0, 1, 5, 50, vocab - 1, vocab),
+                  pick(1.0, 0.9, 0.5, 0.999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
+        got = logits_cpu.few_rows(logits, *params)
+        assert got is not None
+        expected = processing.processed_rows(logits, *params)
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), trial

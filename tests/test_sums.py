@@ -47,6 +47,19 @@ def test_bins_do_not_depend_on_order_or_grouping(kind):
         assert total == value == 0 or abs(value - total) <= total * Fraction(1, 2**50)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_host_total_is_the_torch_total_bit_for_bit(kind):
+    """The CPU backends' few-row path sums masses on the host: its float64 value must be
+    ``exact_total``'s exactly (the same rounding steps), or rows from logits would differ."""
+    g = torch.Generator().manual_seed(2)
+    rng = random.Random(2)
+    for _ in range(200):
+        masses = KINDS[kind](g, rng.randint(1, 40)).float()
+        masses[torch.rand(masses.shape, generator=g) < 0.2] = 0.0
+        expected = float(sums.exact_total(masses[None])[0])
+        assert sums.exact_total_host(masses.tolist()) == expected
+
+
 def test_many_masses_in_one_bin_do_not_overflow():
     masses = torch.full((1, 200_000), 1.0 - 2**-24)  # every significand bit set
     assert float(sums.exact_total(masses)[0]) == float(exact(masses[0]))

@@ -121,6 +121,8 @@ def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:
 def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:
     """A parameter of 1 or B values (one per request) as one value per row of the requests'
     (B, positions, V) rows, flattened: (B * positions,)."""
+    if batch == 1:  # one request: its value for every row, as a view
+        return value.expand(positions)
     return value.expand(batch).repeat_interleave(positions)
 
 

@@ -11,9 +11,15 @@ question about the data costs no host synchronisation.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...core.logits import cpu as logits_cpu
+from ...core.sampling.race import chunk_mass_lists
+from ...core.sampling.randomness import request_uniforms_host
+from ...core.sampling.sums import exact_total_host
+from ..token.cpu import as_float32, draw_on_host, sanitized
 from ..from_logits import on_processed_rows
 from ..outputs import write_outputs
 from ...core.sampling.probs import PROBABILITY_BOUND, sanitize
@@ -112,6 +118,87 @@ def sampled_chunk(draft_probs, target_probs, drafts: reference.Drafts, tau: torc
     return torch.where(has_mass[:, None], rows, p)
 
 
+def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
+                offset) -> torch.Tensor:
+    """The call for B = 1: the reference's steps on the request's scalars (uniforms, coins,
+    weights, stop probabilities, tau and the race on the host), its candidate rows R_1..R_N formed
+    by the reference's float32 operations on the rows where the draft runs (R_t = p_t where it
+    has ended), their chunk masses summed exactly on the host."""
+    num_draft, vocab = draft_token_ids.shape[1], target_probs.shape[2]
+    u = request_uniforms_host(seed.item(), offset.item(), 0, slots.num_slots(num_draft, vocab))
+    ids = draft_token_ids.tolist()[0]
+    valid = [0 <= d < vocab for d in ids]
+    safe_ids = [min(max(d, 0), vocab - 1) for d in ids]
+    length = valid.index(False) if False in valid else num_draft  # L: the valid prefix
+
+    # Steps 3-4 from the sanitised values at the draft ids (float32 products rounded once, float64
+    # weights: Python floats round as torch's float64 operations do).
+    index = torch.tensor([j * vocab + d for j, d in enumerate(safe_ids)], dtype=torch.int64)
+    p_d = [sanitized(x) for x in target_probs.take(index).tolist()]
+    q_d = ([1.0] * num_draft if draft_probs is None
+           else [sanitized(x) for x in draft_probs.take(index).tolist()])
+    accepted = [valid[j] and as_float32(u[j] * q_d[j]) < p_d[j] for j in range(num_draft)]
+    weights = [1.0]
+    for j in range(num_draft):
+        num = weights[-1] * p_d[j]
+        w = num / q_d[j] if num < q_d[j] else float(num > 0)
+        weights.append(0.0 if j >= length else w)
+
+    # Step 5: R_t = relu(w_t p_t - q_t) (one-hot q: w_t p_t with d_t removed) where the draft runs
+    # (t < L); R_t = p_t from L on. Rows are read contiguous along V, as chunk_masses views them.
+    p = cleaned(target_probs[0])
+    if p.dtype != torch.float32 or p.stride(-1) != 1:
+        p = p.float().contiguous()
+    q = None if draft_probs is None else cleaned(draft_probs[0])
+
+    def running_rows(first: int, last: int) -> torch.Tensor:  # R_first..R_last, all t < L
+        w = torch.tensor([as_float32(weights[t]) for t in range(first, last + 1)])[:, None]
+        rows = p[first : last + 1] * w
+        if q is None:
+            rows[list(range(last + 1 - first)), safe_ids[first : last + 1]] = 0.0
+            return rows
+        return rows.sub_(q[first : last + 1]).clamp_min_(0.0)
+
+    rows = [running_rows(1, length - 1)] if length > 1 else []
+    rows.append(p[max(length, 1) :])
+    masses = [m for part in rows for m in chunk_mass_lists(part)]  # R_1..R_N
+    if not all(math.isfinite(m) for row in masses for m in row):
+        return None
+
+    # Steps 6-7: h_t, then tau = the largest t with eta_t <= h_t (0 if none).
+    tau = 0
+    for t in range(1, num_draft + 1):
+        row_mass = exact_total_host(masses[t - 1])
+        w = weights[t]
+        mass = w * row_mass if t >= length else row_mass
+        denominator = mass + (1.0 - w)
+        h = mass / denominator if denominator > 0 else 1.0
+        if u[slots.stop_slot(num_draft, t)] <= h:
+            tau = t
+
+    # Step 8: one token from R_tau (from p_tau when R_tau has no mass).
+    if tau == 0:
+        row = running_rows(0, 0)[0] if length > 0 else p[0]
+        sampled = chunk_mass_lists(row[None])[0]
+    else:
+        sampled = masses[tau - 1]
+        row = rows[0][tau - 1] if tau < length else p[tau]
+    if not any(m > 0 for m in sampled):
+        row = p[tau]
+        sampled = chunk_mass_lists(row[None])[0]
+    token = -1
+    if any(m > 0 for m in sampled):
+        token = draw_on_host(row, sampled, u[slots.race_slot(num_draft, 0):],
+                             u[slots.cdf_slot(num_draft)])
+
+    # Step 9 (adding 0 is no operation).
+    if sum(accepted):
+        accepted_num.add_(sum(accepted))
+    if tau:
+        emitted_num.add_(tau)
+    return torch.tensor([ids[:tau] + [token] + [-1] * (num_draft - tau)], dtype=torch.int32)
+
+
 def block_speculative_sampling_cpu(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
@@ -122,6 +209,11 @@ def block_speculative_sampling_cpu(
     offset: torch.Tensor,
 ) -> torch.Tensor:
     """``reference.block_speculative_sampling_reference`` for CPU tensors, faster."""
+    if draft_token_ids.shape[0] == 1:
+        output = one_request(draft_probs, draft_token_ids, target_probs, accepted_num,
+                             emitted_num, seed, offset)
+        if output is not None:
+            return output
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
     drafts = reference.read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)

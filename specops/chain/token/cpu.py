@@ -138,6 +138,20 @@ def chunk_mass_list(row: torch.Tensor) -> list[float]:
     return whole + [row[full * CHUNK_SIZE :].sum().item()] if tail else whole
 
 
+def draw_on_host(row: torch.Tensor, masses: list[float], u_race: list[float], u_cdf: float) -> int:
+    """``race.sample_rows`` for one (V,) row with some positive chunk mass, ``masses`` its chunk
+    masses, u_race its K race uniforms: the token."""
+    # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
+    # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
+    # smallest) and the first smallest key.
+    race = torch.frombuffer(array("d", u_race), dtype=torch.float64)
+    keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
+    start = keys.index(min(keys)) * CHUNK_SIZE
+    cdf = row[start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
+    threshold = u_cdf * cdf[-1].item()
+    return start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
+
+
 def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
                 offset):
     """The call for B = 1, the reference's steps on the request's scalars: the output row, or
@@ -171,15 +185,8 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
         return None
     token = -1  # p_e has no mass either
     if total > 0:
-        # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
-        # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
-        # smallest) and the first smallest key.
-        race = torch.frombuffer(array("d", u[slots.race_slot(num_draft, 0):]), dtype=torch.float64)
-        keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
-        start = keys.index(min(keys)) * CHUNK_SIZE
-        cdf = row[start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
-        threshold = u[slots.cdf_slot(num_draft)] * cdf[-1].item()
-        token = start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
+        token = draw_on_host(row, masses, u[slots.race_slot(num_draft, 0):],
+                             u[slots.cdf_slot(num_draft)])
 
     # Steps 4 and 6 (adding 0 is no operation).
     num_accepted = sum(accepted)

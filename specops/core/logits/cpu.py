@@ -12,14 +12,23 @@ On a CPU a question about the data costs no host synchronisation, so this path a
     range is the ranks whose estimate lies within a margin of the goal, and two exact masses check
     that the answer lies in it (a row where they do not, e.g. for a tie, bisects its whole range,
     as the reference does). W grows along the ranks, so the bisection ends where the
-    reference's does.
+    reference's does;
+  * a few rows (a single request's, say) are decided on the host (``few_rows``): each step is a
+    threshold on the weights, so one threshold per row replaces the boolean masks, the exact
+    masses are summed on the host from the chunk masses, and top-p ranks only the largest weights
+    it may need; at that size the fixed cost of each torch operation is most of the cost.
 """
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 from . import rule
+from ..sampling.race import chunk_mass_lists
+from ..sampling.sums import exact_total_host
 
 # A float32 sum of a chunk's 1024 weights lies within 1024 * 2**-24 (about 6e-5) of its exact
 # value, relative; so does the exact mass of the chunk sums against the estimate. 2**-12 covers it.
@@ -68,6 +77,10 @@ def top_k_threshold(e: torch.Tensor, keep: torch.Tensor, top_k: torch.Tensor) ->
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """``logits.processed_rows``: the same float32 rows (R, V)."""
+    if logits.shape[0] <= FEW_ROWS:
+        rows = few_rows(logits, temperature, top_k, top_p, min_p)
+        if rows is not None:
+            return rows
     valid, e = rule.weights(logits, temperature)
     keep = valid & (e >= min_p.float()[:, None]) if bool((min_p != 0).any()) else valid.clone()
     vocab = logits.shape[-1]
@@ -87,4 +100,203 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     bad = rule.out_of_range(temperature, top_k, top_p, min_p)
     if bool(bad.any()):
         out[bad] = 0.0
+    return out
+
+
+# ---------------------------------------------------------------------- a few rows, on the host
+
+# Rows up to which ``few_rows`` serves a call: a single request's N + 1 rows for N up to 15.
+FEW_ROWS = 16
+# The ranks top-p reads first on the host; more (8 times as many) only when these hold too little.
+FIRST_RANKS = 256
+# Top-p's exact masses taken in one pass over the rows, per row.
+CANDIDATES = 8
+
+
+def as_float32(x: float) -> float:
+    """x rounded to float32 (to nearest, ties to even), as a float32 operation rounds it."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # rounds past float32's largest value
+        return math.copysign(math.inf, x)
+
+
+def host_masses(kept: torch.Tensor) -> list[float]:
+    """``rule.kept_mass`` of rows (R', V) whose dropped weights are 0 already: R' float64 values,
+    the chunk masses summed exactly on the host; nan where a chunk mass is not finite."""
+    return [exact_total_host(row) if all(math.isfinite(m) for m in row) else math.nan
+            for row in chunk_mass_lists(kept)]
+
+
+def below(t: float) -> float:
+    """The float32 value just below t > 0: for float32 weights, e >= t exactly when e > below(t)."""
+    bits = struct.unpack("I", struct.pack("f", t))[0]
+    return struct.unpack("f", struct.pack("I", bits - 1))[0]
+
+
+def kept_rows(e: torch.Tensor, thresholds: list[list[float]]) -> torch.Tensor:
+    """Row r of e with the weights below t zeroed, for every t in thresholds[r] (each list of one
+    length): (sum of the lengths, V), the rows of ``torch.where(e >= t, e, 0.0)``. Long rows go
+    through ``torch.threshold`` row by row (e > below(t)), many times faster than ``where``
+    there; short ones through one ``where``, fewer operations."""
+    width = len(thresholds[0])
+    if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
+        return e
+    if e.shape[-1] < 2048:
+        t = torch.tensor(thresholds, dtype=torch.float32)[:, :, None]
+        rows = e[:, None, :]
+        return torch.where(rows >= t, rows, 0.0).view(-1, e.shape[-1])
+    out = e.new_empty(e.shape[0] * width, e.shape[-1])
+    for r, ts in enumerate(thresholds):
+        for i, t in enumerate(ts):
+            if t > 0:
+                torch.threshold(e[r], below(t), 0.0, out=out[r * width + i])
+            else:  # every weight is kept (every weight is >= 0)
+                out[r * width + i] = e[r]
+    return out
+
+
+def masses_at(e: torch.Tensor, thresholds: list[list[float]]) -> list[list[float]]:
+    """W(t) = the exact mass of the weights e >= t of row r, for every t in thresholds[r]: one
+    pass over the rows for all of them (each row's threshold list padded with its last one)."""
+    width = max(len(ts) for ts in thresholds)
+    if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
+        return [[w] for w in host_masses(e)]
+    padded = [ts + ts[-1:] * (width - len(ts)) for ts in thresholds]
+    totals = host_masses(kept_rows(e, padded))
+    return [totals[r * width : r * width + len(ts)] for r, ts in enumerate(thresholds)]
+
+
+def top_p_thresholds(e: torch.Tensor, floor: list[float], total: list[float],
+                     top_p: list[float]) -> list[tuple[float, float]] | None:
+    """For each row r: (t, W(t)), t the largest weight >= floor[r] whose kept mass W(t) (the
+    weights >= t) is at least top_p[r] * total[r] (total: W(floor)), as ``logits.top_p_threshold``
+    finds it among the kept weights; None when some row needs the general path.
+
+    The largest weights are ranked (``torch.topk``, more of them while their float64 running sum
+    stays below the goal plus a margin); the rank where that sum first reaches the goal is the
+    likely answer: exact masses check it and the weight just above it (one pass, as a rule), and
+    otherwise decide, in passes of up to CANDIDATES ranks per row, between the last rank known
+    short of the goal and the first known to reach it (the margin's end, checked)."""
+    rows, vocab = e.shape
+    kept = kept_rows(e, [[f] for f in floor])
+    goals = [p * w for p, w in zip(top_p, total)]
+    ranks = min(FIRST_RANKS, vocab)
+    while True:
+        ranked = kept.topk(ranks, dim=-1).values.tolist()
+        guesses, high = [], []
+        for values, goal, w in zip(ranked, goals, total):
+            guess = hi = None
+            running = 0.0
+            for i, v in enumerate(values):
+                running += v
+                if guess is None and running >= goal:
+                    guess = i
+                if running >= goal + _MARGIN * w:
+                    hi = i
+                    break
+            if hi is None and ranks == vocab:  # ranks past the kept ones hold 0: W(0) >= goal
+                hi = vocab - 1
+            guesses.append(hi if guess is None else guess)
+            high.append(hi)
+        if all(hi is not None for hi in high):
+            break
+        if ranks == vocab:
+            return None
+        ranks = min(ranks * 8, vocab)
+
+    def first_of_tie(r: int, i: int) -> int:  # equal weights have equal W: search by weight
+        while i > 0 and ranked[r][i - 1] == ranked[r][i]:
+            i -= 1
+        return i
+
+    # W grows along the ranks: find the first rank with W >= goal, knowing low (short of it, or
+    # -1) and high (reaching it); done when high's tie begins right after low.
+    low = [-1] * rows
+    seen: list[dict] = [{} for _ in range(rows)]  # rank -> W, per row
+    probes = [sorted({first_of_tie(r, g) - 1, g, hi} - {-1}) for r, (g, hi) in
+              enumerate(zip(guesses, high))]
+    while True:
+        masses = masses_at(e, [[ranked[r][i] for i in ranks] for r, ranks in enumerate(probes)])
+        for r, ranks in enumerate(probes):
+            seen[r].update(zip(ranks, masses[r]))
+            if seen[r][high[r]] < goals[r]:  # the margin's end must reach the goal
+                return None
+            for i in ranks:
+                if seen[r][i] >= goals[r]:
+                    high[r] = min(high[r], i)
+                else:
+                    low[r] = max(low[r], i)
+        if all(first_of_tie(r, high[r]) - 1 <= low[r] for r in range(rows)):
+            return [(ranked[r][high[r]], seen[r][high[r]]) for r in range(rows)]
+        probes = []
+        for r in range(rows):
+            lo, hi = low[r], first_of_tie(r, high[r])
+            step = max(1, -(-(hi - lo - 1) // CANDIDATES))
+            probes.append(list(range(lo + 1, hi, step)) or [high[r]])
+
+
+def per_row(values: list[float]):
+    """Float32 values, one per row, as a factor of (R, V) rows: one Python number when all are
+    equal (a single request's: a float32 multiply by it gives the tensor's products, with no
+    tensor to build), else an (R, 1) tensor."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return torch.tensor(values, dtype=torch.float32)[:, None]
+
+
+def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+             top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor | None:
+    """``logits.processed_rows`` for a few rows, decided on the host; None when some row needs
+    the general path (parameters out of range, a row without mass, a weight that is not a
+    number).
+
+    Each step keeps the weights at or above a threshold: min-p at M, top-k at its k-th largest
+    weight (the k-th largest of all weights lies below M exactly when fewer than k pass M), top-p
+    at its answer among what those keep; so the rows keep e >= max of the three, and a row's
+    dropped weights are 0 in every mass it needs.
+    """
+    rows, vocab = logits.shape
+    t, k, p, m = (v.tolist() for v in (temperature, top_k, top_p, min_p))
+    if not all(a >= 0 and b >= 0 and 0 < c <= 1 and 0 <= d <= 1 for a, b, c, d in zip(t, k, p, m)):
+        return None  # out of range (``rule.out_of_range``; NaN fails every comparison)
+    x = logits.float()
+    greedy = [value == 0 for value in t]
+    # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
+    valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)
+    if all(greedy) and valid is None:  # ``rule.greedy_rows`` where every logit is valid
+        return torch.zeros(rows, vocab).index_put_((torch.arange(rows), x.argmax(dim=-1)),
+                                                   torch.ones(()))
+    if valid is None:  # ``rule.weights`` where every logit is valid
+        peak = x.amax(dim=-1, keepdim=True)
+        # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
+        # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
+        c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
+        e = torch.exp2((x - peak) * per_row(c))
+    else:  # invalid logits weigh 0, below every threshold above 0 and adding nothing to a mass
+        valid, e = rule.weights(logits, temperature)
+
+    floor = [as_float32(value) for value in m]  # min-p (0: every weight passes)
+    ks = [value if 0 < value < vocab and not g else 0 for value, g in zip(k, greedy)]
+    if any(ks):
+        largest = e.topk(max(ks), dim=-1).values.tolist()
+        floor = [max(f, largest[r][value - 1]) if value else f
+                 for r, (f, value) in enumerate(zip(floor, ks))]
+    total = [w[0] for w in masses_at(e, [[f] for f in floor])]
+    if not all(w > 0 for w, g in zip(total, greedy) if not g):  # nan or no mass: general path
+        return None
+    nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
+    if nucleus:
+        answers = top_p_thresholds(e if len(nucleus) == rows else e[nucleus], [floor[r] for r in nucleus],
+                                   [total[r] for r in nucleus], [float(p[r]) for r in nucleus])
+        if answers is None:
+            return None
+        for r, (threshold, mass) in zip(nucleus, answers):
+            floor[r], total[r] = threshold, mass
+    scale = per_row([as_float32(1.0 / w) if not g else 1.0 for w, g in zip(total, greedy)])
+    out = kept_rows(e, [[f] for f in floor]) * scale
+    if any(greedy):
+        which = torch.tensor(greedy)
+        out[which] = rule.greedy_rows(logits[which], valid[which] if valid is not None else
+                                      torch.ones((), dtype=torch.bool).expand(sum(greedy), vocab))
     return out

@@ -34,6 +34,19 @@ def chunk_masses(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(masses, dim=1)
 
 
+def chunk_mass_lists(rows: torch.Tensor) -> list[list[float]]:
+    """``chunk_masses`` of rows (R, V) as R lists of Python floats: the same sums of the same
+    views of the rows, not joined into a tensor first (for the host paths of small calls)."""
+    batch, vocab = rows.shape
+    full = vocab // CHUNK_SIZE
+    masses = ([[] for _ in range(batch)] if not full else
+              rows[:, : full * CHUNK_SIZE].view(batch, full, CHUNK_SIZE).sum(-1).tolist())
+    if vocab % CHUNK_SIZE:
+        for row, tail in zip(masses, rows[:, full * CHUNK_SIZE :].sum(-1).tolist()):
+            row.append(tail)
+    return masses
+
+
 def race_winner(masses: torch.Tensor, exponentials: torch.Tensor):
     """Exponential race over chunks, given -log(u_k) per chunk: (winning chunk, winning key); the
     key is inf when all masses are 0."""
