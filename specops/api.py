@@ -19,7 +19,7 @@ from .chain.arguments import ArgumentNames, check_arguments, check_counters_apar
 from .chain.block import op as _block_op
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
-from .core.logits import rule as _params
+from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .tree import arguments as _tree_arguments

@@ -376,7 +376,7 @@ def processed_rows(rank, layout, vocab):
     """This rank's columns of the target's and the draft's processed rows (every parameter, as
     tensors), and the single-device rows: the same bit for bit on chunk-aligned shards; on
     shards that cut chunks the same tokens kept, the weights within a rounding."""
-    from specops.chain.from_logits import processed_inputs
+    from specops.chain.processed import processed_inputs
     from specops.distributed import logits
 
     start, end = layout[rank]

@@ -8,9 +8,10 @@
   token/ and block/ verification), whose own modules import core/ only;
 * a sampler imports core/, its family's shared modules and itself, never another sampler; a
   sampler of no family (specops/tree/) imports core/ and itself only;
-* a reference imports torch, the standard library and specops modules, but no op, backend or
-  launch code: nothing of core/ops/, core/launch/ or core/logits/ besides the plain rule, and none
-  of its sampler's op, CPU backend, kernel or launcher;
+* a reference imports torch, the standard library and, directly or through others, only the
+  sampling math (core/sampling/), the plain rule of logits (core/logits/rule.py), its family's
+  plain steps (chain/drafts.py, outputs.py, processed.py) and its own slots: no op, backend or
+  launch code;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
 * specops/distributed/ (vocabulary-parallel verification) is a public layer of its own above the
@@ -107,10 +108,22 @@ def test_samplers_import_core_their_family_and_themselves(name):
                      "shared modules and itself only")
 
 
-# What a reference may not lean on: registration, backend choice, launching, the rule's faster
-# twins and its own sampler's other implementations (the oracle must stay independent of them).
-NOT_FOR_REFERENCES = ("specops.core.ops", "specops.core.launch", "specops.core.logits.cpu",
-                      "specops.core.logits.triton", "specops.core.logits.launch")
+# What a reference may lean on, directly or through what it imports: the sampling math, the plain
+# rule of logits, its family's plain steps and its own slots; never registration, backend choice,
+# launching, the rule's faster twins or its sampler's other implementations (the oracle must stay
+# independent of them).
+REFERENCE_MAY_IMPORT = ("specops.core.sampling", "specops.core.logits.rule", "specops.chain.drafts",
+                        "specops.chain.outputs", "specops.chain.processed")
+
+
+def imported_through(name: str) -> set[str]:
+    """Every specops module ``name`` imports, directly or through others."""
+    seen, todo = set(), [name]
+    while todo:
+        for m in IMPORTS[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen - {"specops", "specops.core", "specops.chain", "specops.core.logits"}
 
 
 def third_party_imports(path: Path) -> set[str]:
@@ -127,8 +140,9 @@ def third_party_imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_references_import_no_op_backend_or_launch_code(sampler):
     name = f"{sampler}.reference"
-    own = [f"{sampler}.{m}" for m in ("op", "cpu", "kernel", "launch")]
-    bad = {m for m in IMPORTS[name] if any(inside(m, p) for p in (*NOT_FOR_REFERENCES, *own))}
+    allowed = (*REFERENCE_MAY_IMPORT, f"{sampler}.slots")
+    bad = {m for m in imported_through(name)
+           if m != sampler and not any(inside(m, p) for p in allowed)}
     bad |= third_party_imports(MODULES[name]) - {"torch"}
     assert not bad, (f"{name} imports {sorted(bad)}: a reference is plain torch and the math it "
                      "specifies (core/sampling/, core/logits/rule.py)")

@@ -260,7 +260,7 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
     be the rule's bit for bit, with ties, for short rows (one ``where``) and long ones
     (``torch.threshold`` row by row), with -inf masks and bad logits; rows with a valid logit
     must not leave it for the general path."""
-    from specops.core import logits_cpu
+    from specops.core.logits import cpu as logits_cpu
 
     gen = torch.Generator().manual_seed(vocab)
     for trial in range(40):

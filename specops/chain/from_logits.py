@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.logits import rule as params
+from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
 from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_counters_apart,
@@ -116,46 +116,3 @@ def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:
     """output_token_ids, empty: (B, N + 1) int32."""
     batch, num_draft = draft_token_ids.shape
     return target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32)
-
-
-def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:
-    """A parameter of 1 or B values (one per request) as one value per row of the requests'
-    (B, positions, V) rows, flattened: (B * positions,)."""
-    if batch == 1:  # one request: its value for every row, as a view
-        return value.expand(positions)
-    return value.expand(batch).repeat_interleave(positions)
-
-
-def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_k, top_p, min_p,
-                     process=params.processed_rows):
-    """The (draft_probs, target_probs) the chain rules verify: the target's logits, and the
-    draft's when given, processed by each request's parameters (``process``: the rule of
-    core/logits/rule.py, or a faster way to the same rows); draft_probs as given otherwise (None:
-    one-hot drafts)."""
-
-    def processed(logits):
-        batch, positions, vocab = logits.shape
-        rows = process(
-            logits.reshape(batch * positions, vocab), per_row(temperature, batch, positions),
-            per_row(top_k, batch, positions), per_row(top_p, batch, positions),
-            per_row(min_p, batch, positions))
-        return rows.reshape(batch, positions, vocab)
-
-    target_probs = processed(target_logits)
-    if draft_logits is not None:
-        draft_probs = processed(draft_logits)
-    return draft_probs, target_probs
-
-
-def on_processed_rows(verify, process=params.processed_rows):
-    """The from-logits backend of a verifier of probabilities: every row processed as
-    ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows."""
-    def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch):
-        draft_probs, target_probs = processed_inputs(draft_probs, target_logits, draft_logits,
-                                                     temperature, top_k, top_p, min_p, process)
-        return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                      seed, offset, *launch)  # launch: a launcher's split, for warm-up and tests
-    backend.__name__ = verify.__name__.replace("_speculative_sampling",
-                                               "_speculative_sampling_from_logits")
-    return backend

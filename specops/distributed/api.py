@@ -19,7 +19,7 @@ from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_che
 from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart, check_values
 from ..chain.from_logits import check_logits_arguments, check_logits_values
 from ..core.ops.checks import validation_enabled
-from ..core.logits import rule as params
+from ..core.logits import parameters as params
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
                    resolve_group)

@@ -16,11 +16,11 @@ import math
 import torch
 
 from ...core.logits import cpu as logits_cpu
-from ...core.sampling.race import chunk_mass_lists
+from ...core.sampling.probs import as_float32, sanitized
+from ...core.sampling.race import chunk_mass_lists, draw_on_host
 from ...core.sampling.randomness import request_uniforms_host
 from ...core.sampling.sums import exact_total_host
-from ..token.cpu import as_float32, draw_on_host, sanitized
-from ..from_logits import on_processed_rows
+from ..processed import on_processed_rows
 from ..outputs import write_outputs
 from ...core.sampling.probs import PROBABILITY_BOUND, sanitize
 from ...core.sampling.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
@@ -80,7 +80,7 @@ def candidate_row(p: torch.Tensor, q: torch.Tensor | None, weight: torch.Tensor,
 def chunk_at(probs: torch.Tensor, position: torch.Tensor, chunk: torch.Tensor):
     """(values, vocabulary index) of chunk ``chunk[b]`` of row probs[b, position[b]], both
     (B, CHUNK_SIZE): the values sanitised, float32, 0 past the vocabulary, as
-    ``core.race.chunk_values`` lays them out. Whole chunks are read as windows of a view, which
+    ``core.sampling.race.chunk_values`` lays them out. Whole chunks are read as windows of a view, which
     copies only the chunk (indexing by value index costs far more)."""
     batch, _, vocab = probs.shape
     full = vocab // CHUNK_SIZE

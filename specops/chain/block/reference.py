@@ -15,7 +15,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.sampling.probs import sanitize
 from ..drafts import at_draft_ids
-from ..from_logits import on_processed_rows
+from ..processed import on_processed_rows
 from ...core.sampling.race import chunk_masses, num_chunks, sample_rows
 from ...core.sampling.sums import exact_total
 from ...core.sampling.randomness import request_uniforms

@@ -13,20 +13,18 @@ work, and hands over to the reference's plain step 5 whenever a check fails (doc
 
 from __future__ import annotations
 
-import math
-import struct
 from array import array
 
 import torch
 
 from ..outputs import write_outputs
 from ...core.ops.backends import in_inference_mode
-from ...core.sampling.probs import rows_at
-from ...core.sampling.probs import PROBABILITY_BOUND
-from ...core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
+from ...core.sampling.probs import PROBABILITY_BOUND, as_float32, rows_at, sanitized
+from ...core.sampling.race import (CHUNK_SIZE, chunk_masses, draw_on_host, race_winner,
+                                   token_in_chunk)
 from ...core.sampling.randomness import request_uniforms_fast, request_uniforms_host
 from ...core.logits import cpu as logits_cpu
-from ..from_logits import on_processed_rows
+from ..processed import on_processed_rows
 from . import reference, slots
 
 # The shortcut subtracts draft rows from target rows it has not sanitised. A target value of
@@ -100,17 +98,6 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     return rows, masses
 
 
-def as_float32(x: float) -> float:
-    """x rounded to float32 (to nearest, ties to even), as float32 arithmetic rounds its exact
-    result."""
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def sanitized(x: float) -> float:
-    """A probability as ``probs.sanitize`` reads it: NaN, negative, infinite and too large -> 0."""
-    return x if 0.0 < x < PROBABILITY_BOUND else 0.0
-
-
 def float32(rows: torch.Tensor) -> torch.Tensor:
     """Float32 rows as they are (a view), others as a float32 copy."""
     return rows if rows.dtype == torch.float32 else rows.float()
@@ -136,20 +123,6 @@ def chunk_mass_list(row: torch.Tensor) -> list[float]:
     full, tail = divmod(row.shape[0], CHUNK_SIZE)
     whole = row[: full * CHUNK_SIZE].view(full, CHUNK_SIZE).sum(1).tolist()
     return whole + [row[full * CHUNK_SIZE :].sum().item()] if tail else whole
-
-
-def draw_on_host(row: torch.Tensor, masses: list[float], u_race: list[float], u_cdf: float) -> int:
-    """``race.sample_rows`` for one (V,) row with some positive chunk mass, ``masses`` its chunk
-    masses, u_race its K race uniforms: the token."""
-    # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
-    # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
-    # smallest) and the first smallest key.
-    race = torch.frombuffer(array("d", u_race), dtype=torch.float64)
-    keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
-    start = keys.index(min(keys)) * CHUNK_SIZE
-    cdf = row[start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
-    threshold = u_cdf * cdf[-1].item()
-    return start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)
 
 
 def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,

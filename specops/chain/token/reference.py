@@ -14,7 +14,7 @@ import torch
 from ..outputs import write_outputs
 from ...core.sampling.probs import rows_at, sanitize
 from ..drafts import at_draft_ids
-from ..from_logits import on_processed_rows
+from ..processed import on_processed_rows
 from ...core.sampling.race import sample_rows
 from ...core.sampling.randomness import request_uniforms
 from . import slots

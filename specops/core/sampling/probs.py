@@ -3,6 +3,8 @@ values count as 0 (docs/token.md)."""
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 
@@ -22,3 +24,14 @@ def sanitize(probs: torch.Tensor) -> torch.Tensor:
 def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """Row probs[b, position[b]] of every request b: (B, M, V) -> (B, V)."""
     return probs[torch.arange(probs.shape[0], device=probs.device), position]
+
+
+def as_float32(x: float) -> float:
+    """x rounded to float32 (to nearest, ties to even), as float32 arithmetic rounds its exact
+    result."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def sanitized(x: float) -> float:
+    """A probability as ``sanitize`` reads it: NaN, negative, infinite and too large -> 0."""
+    return x if 0.0 < x < PROBABILITY_BOUND else 0.0

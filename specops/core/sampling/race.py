@@ -13,6 +13,9 @@ race keys and the in-chunk prefix sums are float64. A row's total mass, where a 
 
 from __future__ import annotations
 
+import math
+from array import array
+
 import torch
 
 # Part of the contract: changing it changes which uniform each token sees, so every fixed-seed
@@ -104,3 +107,17 @@ def sample_rows(rows: torch.Tensor, u_race: torch.Tensor, u_cdf: torch.Tensor) -
     chunk, key = race_winner(chunk_masses(rows), -torch.log(u_race.double()))
     token = chunk * CHUNK_SIZE + inverse_cdf(chunk_values(rows, chunk), u_cdf)
     return torch.where(torch.isfinite(key), token, -1)
+
+
+def draw_on_host(row: torch.Tensor, masses: list[float], u_race: list[float], u_cdf: float) -> int:
+    """``sample_rows`` for one (V,) row with some positive chunk mass, ``masses`` its chunk
+    masses, u_race its K race uniforms: the token."""
+    # race_winner on the host: -log(u) from torch.log on the u as the reference lays them out
+    # (1-D, like its contiguous (1, K) row), then float64 division (mass 0: +inf, never the
+    # smallest) and the first smallest key.
+    race = torch.frombuffer(array("d", u_race), dtype=torch.float64)
+    keys = [-x / w if w > 0 else math.inf for x, w in zip(torch.log(race).tolist(), masses)]
+    start = keys.index(min(keys)) * CHUNK_SIZE
+    cdf = row[start : start + CHUNK_SIZE].cumsum(0, dtype=torch.float64)
+    threshold = u_cdf * cdf[-1].item()
+    return start + min(torch.searchsorted(cdf, threshold, right=True).item(), cdf.numel() - 1)

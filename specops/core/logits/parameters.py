@@ -1,0 +1,79 @@
+"""The sampling parameters as the registered ops take them (tensors of 1 or B values), what the
+public functions make of Python numbers, and their argument and value checks (errors name the
+parameter). The rule that applies them is ``rule.py``."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops.checks import first_bad_index
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64)
+# name -> (the dtypes its tensors may have, its value when None: the step is off)
+PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
+              "top_p": (FLOAT_DTYPES, 1.0), "min_p": (FLOAT_DTYPES, 0.0)}
+INTEGER_PARAMETERS = ("top_k",)
+RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: off)",
+          "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)"}
+
+
+def in_range(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Where a parameter's values lie in its range (``RANGES``)."""
+    if name == "temperature":
+        return value >= 0
+    if name == "top_k":
+        return value >= 0
+    if name == "top_p":
+        return (value > 0) & (value <= 1)
+    return (value >= 0) & (value <= 1)
+
+
+def check_parameters(parameters: dict, batch: int, device: torch.device, reference: str) -> None:
+    """The parameter tensors a registered op takes: 1-D, 1 or ``batch`` elements, of their dtypes,
+    on ``device``; a clear error naming the one that is not."""
+    for name, value in parameters.items():
+        dtypes = PARAMETERS[name][0]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor; got {type(value).__name__}")
+        if value.dim() != 1 or value.shape[0] not in (1, batch):
+            raise ValueError(f"{name} must be a 1-D tensor of 1 or batch_size ({batch}) "
+                             f"elements; got shape {tuple(value.shape)}")
+        if value.dtype not in dtypes:
+            allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name} must have dtype {allowed}; got "
+                            f"{str(value.dtype).replace('torch.', '')}")
+        if value.device != device:
+            raise ValueError(f"{name} must be on the same device as {reference} ({device}); "
+                             f"got {value.device}")
+
+
+def check_parameter_values(parameters: dict) -> None:
+    """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first."""
+    for name, value in parameters.items():
+        where = first_bad_index(~in_range(name, value))
+        if where is not None:
+            raise ValueError(f"{name} must be {RANGES[name]}; got {value[where].item()} at index "
+                             f"{where} (SPECOPS_VALIDATE=1)")
+
+
+def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
+    """A public function's parameter (None, a number for every request, or a tensor of 1 or B
+    values) as the tensor its op takes. Numbers out of range are refused here, at once; tensors
+    are passed on as they are (validation mode checks their values)."""
+    dtypes, off = PARAMETERS[name]
+    if value is None:
+        value = off
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1) if value.dim() == 0 else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
+            value, "__index__") and not hasattr(value, "__float__"):
+        raise TypeError(f"{name} must be {RANGES[name]}, or a tensor of 1 or batch_size values; "
+                        f"got {type(value).__name__}")
+    integer = name in INTEGER_PARAMETERS
+    number = int(value) if integer else float(value)
+    if integer and number != value:
+        raise TypeError(f"{name} must be an int; got {value!r}")
+    if not bool(in_range(name, torch.tensor(number))):
+        raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
+    return torch.tensor([number], dtype=torch.int64 if integer else torch.float32, device=device)
