@@ -9,7 +9,7 @@ round times every entry over ``--calls`` calls, in a new order each round, and t
 each is kept (the least disturbed by other processes). The process runs on one CPU core with one
 torch thread (``--unpinned``: on every core, with torch's threads), so that every entry runs under
 the same core's conditions. With CUDA the real driver launches the real kernels; without it the
-stand-in driver (standin_driver.py) runs Triton's launch path on CPU tensors up to the driver's
+stand-in driver (tests/standin_driver.py) runs Triton's launch path on CPU tensors up to the driver's
 launcher, so the figures leave out the CUDA launcher's own work, and CUDA-graph replay is skipped.
 """
 
@@ -26,7 +26,9 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.pop("TRITON_INTERPRET", None)
-    import standin_driver  # a script's own folder is on sys.path
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests"))
+    import standin_driver  # tests/standin_driver.py, a test double of Triton's CUDA driver
 
     DRIVER = standin_driver.install()
 else:

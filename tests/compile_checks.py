@@ -1,6 +1,6 @@
 """What the ahead-of-time compile tests share (tests/test_triton_compile.py,
 test_block_compile.py, test_tree_compile.py): the worker subprocess that compiles for sm_90, and
-the checks on the report benchmarks/sass_budget.py's ``compile_report`` makes of each kernel.
+the checks on the report tests/sass.py's ``compile_report`` makes of each kernel.
 
 The workers run without ``TRITON_INTERPRET``: under the interpreter ``@triton.jit`` builds objects
 that cannot be compiled.
@@ -14,14 +14,17 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
+TESTS = os.path.join(ROOT, "tests")
 
 
 def run_worker(worker: str, *argv: str):
-    """The JSON the ``worker`` script prints last, run with this checkout and benchmarks/ on its
-    path."""
+    """The JSON the ``worker`` script prints last, run with this checkout and tests/ (sass.py) on
+    its path."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, BENCHMARKS, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, env.get("PYTHONPATH", "")])
+    # Compiled here, not taken from Triton's cache: a cached kernel of the same source compiled
+    # from another checkout (or before a module moved) has line tables naming that one's files.
+    env["TRITON_ALWAYS_COMPILE"] = "1"
     proc = subprocess.run([sys.executable, "-c", worker, *argv], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -50,10 +53,8 @@ def assert_16_byte_row_loads(report: dict, prob: str, context) -> None:
 
 def assert_issue_bounds(budgets: list, count: int) -> None:
     """Every one of the ``count`` budgeted row loops can stream faster than 1.25 x the H200's
-    4.8 TB/s on instruction issue alone (benchmarks/sass_budget.py prints the tables)."""
-    if BENCHMARKS not in sys.path:
-        sys.path.insert(0, BENCHMARKS)
-    from sass_budget import GOAL_BYTES_PER_S
+    4.8 TB/s on instruction issue alone (tests/sass.py; benchmarks/sass_budget.py prints the tables)."""
+    from sass import GOAL_BYTES_PER_S
 
     assert len(budgets) == count
     for row in budgets:

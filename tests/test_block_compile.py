@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of the block-verification kernels for Hopper (sm_90), no GPU needed
-(the approach of tests/test_triton_compile.py; benchmarks/sass_budget.py does the compiling and the
+(the approach of tests/test_triton_compile.py; tests/sass.py does the compiling and the
 reading): the row pass's loops must read their rows with 16-byte loads only and stay within the
 instruction budget, and nothing may spill to local memory. Compiled in a subprocess without
 TRITON_INTERPRET (under the interpreter ``@triton.jit`` builds objects that cannot be compiled).
@@ -35,7 +35,7 @@ SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16), ("bf16"
 
 WORKER = r'''
 import json, sys
-import sass_budget  # benchmarks/
+import sass  # tests/sass.py
 from specops.chain.block.launch import MAX_SPLITS, SCAN
 from specops.chain.block.kernel import block_scan_kernel
 
@@ -47,20 +47,20 @@ def compile_scan(prob, draft, block_n, logits=False):
              "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024,
                   "LOGITS": logits, "DRAFT_LOGITS": logits and draft}
-    return sass_budget.compile_for_hopper(block_scan_kernel, types, constexprs,
+    return sass.compile_for_hopper(block_scan_kernel, types, constexprs,
                                           options=SCAN.options)
 
 
 row_specs, scan_specs = json.loads(sys.argv[1])
 out = {"row": [], "scan": []}
 for prob, draft, aligned, ids, *logits in row_specs:
-    kernel = sass_budget.compile_block_row_pass(prob, draft, ids, aligned, *logits)
-    found = sass_budget.compile_report(kernel, with_row_loops=True)
+    kernel = sass.compile_block_row_pass(prob, draft, ids, aligned, *logits)
+    found = sass.compile_report(kernel, with_row_loops=True)
     if aligned and ids == "i64":
-        found["budget"] = sass_budget.budget(prob, draft, kernel, "block")
+        found["budget"] = sass.budget(prob, draft, kernel, "block")
     out["row"].append(found)
 for spec in scan_specs:
-    out["scan"].append(sass_budget.compile_report(compile_scan(*spec)))
+    out["scan"].append(sass.compile_report(compile_scan(*spec)))
 print(json.dumps(out))
 '''
 

@@ -1,7 +1,7 @@
 """The launchers: the launch model (specops/core/launch/occupancy.py) and the launch plans the samplers
 make from their compiled kernels (specops/core/launch/launcher.py), on Triton's real launch path.
 
-Without a GPU the launch-path tests run the stand-in CUDA driver (benchmarks/standin_driver.py:
+Without a GPU the launch-path tests run the stand-in CUDA driver (tests/standin_driver.py:
 Triton's launch path on CPU tensors up to the driver's launcher, counting the binaries it loads
 and the launches it makes). It needs compiled kernels, so those tests run in subprocesses without
 TRITON_INTERPRET (conftest.py sets it for this process).
@@ -28,7 +28,7 @@ BATCHES = range(1, 4097)
 def run_standin(script: str, *args: str, env: dict | None = None, timeout: int = 600) -> dict:
     """Run ``script`` under the stand-in driver; its last line of output is JSON."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environment["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"),
+    environment["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
                                                  environment.get("PYTHONPATH", "")])
     environment["SPECOPS_BACKEND"] = "triton"  # CPU tensors to the Triton launchers
     environment.update(env or {})
@@ -78,7 +78,7 @@ PLAN_SCRIPT = r'''
 import json, torch, specops
 from specops.chain.token import launch
 from specops.core.launch import occupancy
-from sass_budget import resources
+from sass import resources
 B, N, V = 40, 3, 128256
 specops.chain_speculative_sampling(torch.rand(B, N, V), torch.zeros(B, N, dtype=torch.long),
                                    torch.rand(B, N + 1, V), seed=1)

@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of the tree kernel for Hopper (sm_90), no GPU needed (the approach of
-tests/test_triton_compile.py; benchmarks/sass_budget.py does the compiling and the reading): its
+tests/test_triton_compile.py; tests/sass.py does the compiling and the reading): its
 row loops must read their rows with 16-byte loads only and stay within the instruction budget, and
 nothing may spill to local memory. Compiled in a subprocess without TRITON_INTERPRET (under the
 interpreter ``@triton.jit`` builds objects that cannot be compiled).
@@ -28,14 +28,14 @@ SPECS = ([(prob, draft, True, "i64", "i64", 16) for prob in PROB_DTYPES for draf
 
 WORKER = r'''
 import json, sys
-import sass_budget  # benchmarks/
+import sass  # tests/sass.py
 
 out = []
 for prob, draft, aligned, ids, parents, block_m in json.loads(sys.argv[1]):
-    kernel = sass_budget.compile_tree(prob, draft, ids, parents, block_m, aligned)
-    found = sass_budget.compile_report(kernel, with_row_loops=True)
+    kernel = sass.compile_tree(prob, draft, ids, parents, block_m, aligned)
+    found = sass.compile_report(kernel, with_row_loops=True)
     if aligned and block_m == 16:
-        found["budget"] = sass_budget.budget(prob, draft, kernel, "tree")
+        found["budget"] = sass.budget(prob, draft, kernel, "tree")
     out.append(found)
 print(json.dumps(out))
 '''

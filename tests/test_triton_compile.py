@@ -2,7 +2,7 @@
 
 The interpreter accepts code the compiler rejects (globals that are not constexpr, unsupported
 dtypes, ...), so CI also compiles the specialisations the launcher can produce and reads the
-result (benchmarks/sass_budget.py does the compiling and the reading): the row loops must use
+result (tests/sass.py does the compiling and the reading): the row loops must use
 16-byte global loads and stay within the instruction budget, and nothing may spill to local
 memory (the launch model reads each loaded kernel's registers itself: core/launch/occupancy.py).
 The compilation runs in subprocesses without ``TRITON_INTERPRET`` (under the interpreter
@@ -51,16 +51,16 @@ def all_specialisations():
 
 WORKER = r'''
 import json, sys
-import sass_budget  # benchmarks/
+import sass  # tests/sass.py
 
 
 results = []
 for s in json.loads(sys.argv[1]):
-    kernel = sass_budget.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
+    kernel = sass.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
                                       s["block_n"], s["aligned"], s["logits"], s["draft_logits"])
-    found = sass_budget.compile_report(kernel, with_row_loops=True)
+    found = sass.compile_report(kernel, with_row_loops=True)
     if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8:
-        found["budget"] = sass_budget.budget(s["prob"], s["draft"], kernel)
+        found["budget"] = sass.budget(s["prob"], s["draft"], kernel)
     results.append(found)
 print(json.dumps(results))
 '''
@@ -112,12 +112,12 @@ def test_issue_bound_beats_the_goal(compiled):
 
 STATISTICS_WORKER = r'''
 import json, sys
-import sass_budget  # benchmarks/
+import sass  # tests/sass.py
 out = {}
 for prob in ("fp32", "fp16", "bf16"):
-    kernel = sass_budget.compile_statistics(prob)
-    found = sass_budget.compile_report(kernel)
-    found["budget"] = sass_budget.statistics_budget(prob, kernel)
+    kernel = sass.compile_statistics(prob)
+    found = sass.compile_report(kernel)
+    found["budget"] = sass.statistics_budget(prob, kernel)
     out[prob] = found
 print(json.dumps(out))
 '''

@@ -1,0 +1,317 @@
+"""Kernels compiled for sm_90 without a GPU, and what their PTX and SASS say: registers, local
+memory, spills, each row loop's loads and instructions, and the instruction budget of the row
+loops (the bytes per second an H200 could stream on instruction issue alone).
+
+A row pass streams 1024-value chunks; on an H200 an SM issues at most 4 warp-instructions per
+cycle, so a loop that spends I warp-instructions per byte cannot go faster than
+132 SMs * 4 * 1.98 GHz / I bytes/s, whatever the memory does. ``compile_*`` compile a kernel
+variant for GPUTarget("cuda", 90, 32) with its launcher's own options; ``compile_report`` and
+``budget`` read it (nvdisasm and cuobjdump ship with Triton's NVIDIA backend): each row loop is an
+innermost loop of masses_p / masses_residual, the row stages every kernel takes from
+specops/core/sampling/race_triton.py.
+
+Chain variants: with draft_probs, the rejected-draft case reads q_e too (the residual loop, twice
+the bytes per chunk); without a residual to read, or with draft_probs None, only p_e (the p loop).
+Block variants: a row where the draft runs reads q_t too (the residual loop); with draft_probs None
+it reads p_t alone, weighted by w_t when w_t < 1 (the scaled loop); a row where the draft has ended,
+or w_t = 1 without draft_probs, reads p_t (the p loop). Tree variants: a rejection's pass reads
+a node's p and q rows (the residual loop); a leaf's draw, or target-only any node's, reads p (the
+p loop).
+
+The compile tests (tests/test_triton_compile.py, test_block_compile.py, test_tree_compile.py)
+check every variant with these functions; benchmarks/sass_budget.py prints the tables.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import linecache
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SMS = 132
+ISSUE_PER_CYCLE = 4  # warp-instructions per cycle per SM (4 schedulers)
+CLOCK_HZ = 1.98e9
+HBM_BYTES_PER_S = 4.8e12
+GOAL_BYTES_PER_S = 1.25 * HBM_BYTES_PER_S  # issue must never be what limits the row pass
+PROB_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}  # name -> bytes per value
+CHUNK = 1024
+
+
+def issue_bound(instructions_per_byte: float) -> float:
+    """Bytes/s an H200 can stream when every byte costs that many warp-instructions."""
+    return SMS * ISSUE_PER_CYCLE * CLOCK_HZ / instructions_per_byte
+
+
+def tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
+    """triton.compile of ``kernel`` for sm_90 (no GPU needed) as its launcher specialises it:
+    arguments typed by ``types`` (i32 when not named), and with ``aligned`` the 16-divisibility of
+    every argument the kernel specialises on (those not in its do_not_specialize list)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, attrs = {}, {}
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        signature[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        if aligned and not param.do_not_specialize and name not in constexprs:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
+                 logits=False, draft_logits=False):
+    """The token-verification kernel as the launcher would specialise it (``logits``: reading
+    logits through their rows' statistics; ``draft_logits``: the draft's too)."""
+    from specops.chain.token.kernel import chain_speculative_sampling_kernel
+    from specops.chain.token import launch
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
+             "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
+             "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": launch.GROUP, "CHUNK": CHUNK,
+                  "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
+                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST}
+    return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
+                              (launch.MAIN_FROM_LOGITS if logits else launch.MAIN).options)
+
+
+def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
+                           draft_logits=False):
+    """The block-verification row pass as its launcher would specialise it (``logits``,
+    ``draft_logits``: as for compile_main)."""
+    from specops.chain.block.kernel import block_row_pass_kernel
+    from specops.chain.block import launch
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
+             "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+    constexprs = {"HAS_DRAFT": draft, "GROUP": launch.GROUP, "CHUNK": CHUNK, "LOGITS": logits,
+                  "DRAFT_LOGITS": draft_logits}
+    return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned,
+                              (launch.ROW_PASS_FROM_LOGITS if logits else launch.ROW_PASS).options)
+
+
+def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
+    """The tree kernel as its launcher would specialise it."""
+    from specops.tree.kernel import tree_speculative_sampling_kernel
+    from specops.tree import launch
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
+             "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
+    return compile_for_hopper(tree_speculative_sampling_kernel, types, constexprs, aligned,
+                              launch.KERNEL.options)
+
+
+@functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing
+def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
+    """(label or '', instruction text, (source file, line) of it, innermost first, over its chain
+    of inlined calls) per line of SASS; labels come as ('.L_x_3', '', ())."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool("nvdisasm"), "-c", "-gi", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    rows, lines, after_comment = [], (), False
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("//## File"):  # one instruction's inlining chain, over lines
+            found = tuple((source_file(path), int(line))
+                          for path, line in re.findall(r'"([^"]+)", line (\d+)', raw))
+            lines = lines + found if after_comment else found
+            after_comment = True
+            continue
+        after_comment = False
+        if re.match(r"^\.L_x_\d+:", raw.strip()):
+            rows.append((raw.strip()[:-1], "", ()))
+        else:
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", raw)
+            if m:
+                rows.append(("", m.group(1), lines))
+    return rows
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """REG, SHARED, STACK, LOCAL of the kernel (cuobjdump --dump-resource-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool("cuobjdump"), "--dump-resource-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|SHARED|STACK|LOCAL):(\d+)", text)}
+
+
+def innermost_loops(rows):
+    """[(first, last)] row indices of loops: a branch back to a label, with no loop inside."""
+    where = {label: i for i, (label, _, _) in enumerate(rows) if label}
+    loops = []
+    for i, (_, text, _) in enumerate(rows):
+        m = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+        if m and where.get(m.group(1), i) < i:
+            loops.append((where[m.group(1)], i))
+    return [(a, b) for a, b in loops
+            if not any(a < c and d <= b for c, d in loops if (c, d) != (a, b))]
+
+
+def source_file(path: str) -> str:
+    """A source file as its last three path parts (specops/core/sampling/race_triton.py): Triton's cache
+    may hand back a kernel compiled from another checkout of the same source, whose line table
+    names that checkout's files."""
+    return "/".join(os.path.realpath(path).split(os.sep)[-3:])
+
+
+def source_lines(fn) -> set[tuple[str, int]]:
+    """(file, line) of every source line of a @triton.jit function, files as source_file."""
+    lines, first = inspect.getsourcelines(fn.fn)
+    path = source_file(inspect.getsourcefile(fn.fn))
+    return {(path, first + i) for i in range(len(lines))}
+
+
+def row_loop_markers() -> dict[str, list[set[tuple[str, int]]]]:
+    """Loop name -> the source lines that mark it, for each row loop (both samplers' row passes
+    share them, in specops/core/sampling/race_triton.py). masses_p compiles to two loops where its SCALED
+    is used both ways (the block row pass), told apart by its chunk step's weighting line."""
+    from specops.core.sampling.race_triton import _p_values, masses_p, masses_residual
+
+    source = inspect.getsourcefile(_p_values.fn)
+    weighting = {(path, line) for path, line in source_lines(_p_values)
+                 if linecache.getline(source, line).strip() == "p = w_row * p"}
+    assert len(weighting) == 1, "the weighting line of masses_p's chunk step not found"
+    p_lines = source_lines(masses_p)
+    return {"p": [p_lines], "residual": [source_lines(masses_residual)],
+            "scaled": [p_lines, weighting]}
+
+
+def opcode(text: str) -> str:
+    """An instruction's opcode with its modifiers (LDG.E.128), past any predicate (@P0)."""
+    return text.split()[1] if text.startswith("@") else text.split()[0]
+
+
+def is_16_byte_load(op: str) -> bool:
+    """A 16-byte global load, whatever other modifiers a ptxas adds (LDG.E.128,
+    LDG.E.128.CONSTANT, LDG.E.EL.128)."""
+    parts = op.split(".")
+    return parts[0] == "LDG" and "128" in parts[1:]
+
+
+def row_loops(kernel) -> dict[str, dict]:
+    """The row loops of a compiled kernel, by the function they come from: instructions per
+    iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
+    markers = row_loop_markers()
+    rows = disassemble(kernel.asm["cubin"])
+    found = {}
+    for first, last in innermost_loops(rows):
+        body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
+        touched = {line for _, lines in body for line in lines}
+        # The most specific name whose every marking set the loop touches.
+        names = [name for name, sets in markers.items()
+                 if all(touched.intersection(lines) for lines in sets)]
+        if names:
+            name = max(names, key=lambda n: len(markers[n]))
+            opcodes = [opcode(t) for t, _ in body]
+            found[name] = {"instructions": len(body), "opcodes": opcodes,
+                           "loads16": sum(map(is_16_byte_load, opcodes))}
+    return found
+
+
+def compile_report(kernel, with_row_loops: bool = False) -> dict:
+    """What the compile tests check of a compiled kernel: local memory in the PTX, its resources
+    (cuobjdump), spill instructions and, ``with_row_loops``, each row loop's 16-byte and other
+    global loads (nvdisasm; both ship with Triton's NVIDIA backend)."""
+    found = {"local_in_ptx": bool(re.search(r"\.local|ld\.local|st\.local", kernel.asm["ptx"])),
+             "num_warps": kernel.metadata.num_warps,
+             "resources": resources(kernel.asm["cubin"])}
+    opcodes = [opcode(text) for _, text, _ in disassemble(kernel.asm["cubin"]) if text]
+    found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
+    if with_row_loops:
+        found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
+            op.startswith("LDG") and not is_16_byte_load(op) for op in loop["opcodes"])}
+            for name, loop in row_loops(kernel).items()}
+    return found
+
+
+LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
+
+
+def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: str = ""
+           ) -> list[dict]:
+    """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
+    instructions per byte (all warps of a program) and the issue-bound bandwidth."""
+    kernel = kernel or COMPILERS[sampler](prob, draft)
+    num_warps = kernel.metadata.num_warps
+    elem = PROB_DTYPES[prob]
+    return [budget_row(f"{prob}{label} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
+                       loop["instructions"], loop["loads16"], 2 if name == "residual" else 1,
+                       elem, num_warps)
+            for name, loop in sorted(row_loops(kernel).items())]
+
+
+def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, elem: int,
+               num_warps: int) -> dict:
+    """A loop's budget row from its instructions and 16-byte loads per iteration: instructions
+    per chunk (per warp), bytes per chunk, instructions per byte (all warps of a program) and the
+    issue-bound bandwidth."""
+    chunks = loads16 / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
+    per_chunk = instructions / chunks
+    chunk_bytes = rows_read * CHUNK * elem
+    per_byte = per_chunk * num_warps / chunk_bytes
+    return {"variant": variant, "instructions_per_chunk": per_chunk,
+            "chunks_per_iteration": chunks, "bytes_per_chunk": chunk_bytes,
+            "instructions_per_byte": per_byte, "issue_bound": issue_bound(per_byte)}
+
+
+COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
+
+
+def compile_statistics(prob):
+    """The row statistics kernel (verification from logits' first stage) as its launcher
+    specialises it."""
+    from specops.core.logits.launch import STATISTICS
+    from specops.core.logits.triton import row_statistics_kernel
+
+    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
+             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
+    return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK}, True,
+                              STATISTICS.options)
+
+
+def statistics_budget(prob: str, kernel=None) -> list[dict]:
+    """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
+    mass passes: every pass reads the row once), as ``budget``'s rows."""
+    from specops.core.logits.triton import _count, _mass, _peak
+
+    kernel = kernel or compile_statistics(prob)
+    num_warps = kernel.metadata.num_warps
+    elem = PROB_DTYPES[prob]
+    marks = {"peak": source_lines(_peak), "count": source_lines(_count),
+             "mass": source_lines(_mass)}
+    rows = disassemble(kernel.asm["cubin"])
+    out = []
+    for first, last in innermost_loops(rows):
+        body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
+        loads = sum(is_16_byte_load(opcode(t)) for t, _ in body)
+        names = [name for name, lines in marks.items()
+                 if {line for _, ls in body for line in ls} & lines]
+        if not loads or len(names) != 1:  # not a pass over the row
+            continue
+        out.append(budget_row(f"{prob} statistics {names[0]} pass", len(body), loads, 1, elem,
+                              num_warps))
+    return out
