@@ -77,7 +77,7 @@ class StandinUtils:
 
 def cubin_registers(cubin: bytes) -> int:
     """Registers per thread of a compiled kernel, read from its cubin (cuobjdump, beside Triton)."""
-    from sass_budget import resources  # benchmarks/, beside this file
+    from sass import resources  # tests/sass.py, beside this file
 
     return resources(cubin)["REG"]
 

@@ -13,7 +13,7 @@ from .kernel import tree_speculative_sampling_kernel
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# benchmarks/sass_budget.py compiles the kernel with its options, read from this.
+# tests/sass.py compiles the kernel with its options, read from this.
 KERNEL = TritonKernel(tree_speculative_sampling_kernel, **FOUR_WARPS)
 
 

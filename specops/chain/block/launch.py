@@ -18,7 +18,7 @@ MAX_SPLITS = 256  # most programs one row is split over (a power of two: the sca
 # Chunks whose masses a program holds at once (of 128 threads, one float32 and race each for half
 # of them: at 128, ptxas gave one variant 88 registers instead of about 64).
 GROUP = 64
-# benchmarks/sass_budget.py compiles each kernel with its options, read from these.
+# tests/sass.py compiles each kernel with its options, read from these.
 ROW_PASS = TritonKernel(block_row_pass_kernel, **FOUR_WARPS)
 ROW_PASS_FROM_LOGITS = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_OPTIONS)
 SCAN = TritonKernel(block_scan_kernel, **FOUR_WARPS)

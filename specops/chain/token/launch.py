@@ -20,7 +20,7 @@ from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
 MAX_PROGRAMS_PER_REQUEST = 256
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# benchmarks/sass_budget.py compiles each kernel with its options, read from these.
+# tests/sass.py compiles each kernel with its options, read from these.
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **FOUR_WARPS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
 FIELDS = PARTIAL_FIELDS.value

@@ -59,8 +59,8 @@ class Resources(NamedTuple):
 
 
 class TritonKernel:
-    """A ``@triton.jit`` function and the options it is always built with (benchmarks/sass_budget.py
-    compiles each kernel with these)."""
+    """A ``@triton.jit`` function and the options it is always built with (tests/sass.py compiles
+    each kernel with these)."""
 
     def __init__(self, fn, **options):
         self.fn = fn
