@@ -18,8 +18,9 @@ RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: 
           "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)"}
 
 
-def in_range(name: str, value: torch.Tensor) -> torch.Tensor:
-    """Where a parameter's values lie in its range (``RANGES``)."""
+def in_range(name: str, value):
+    """Where a parameter's values lie in its range (``RANGES``): a bool tensor for a tensor, a
+    bool for a Python number (NaN is in no range)."""
     if name == "temperature":
         return value >= 0
     if name == "top_k":
@@ -74,6 +75,6 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
     number = int(value) if integer else float(value)
     if integer and number != value:
         raise TypeError(f"{name} must be an int; got {value!r}")
-    if not bool(in_range(name, torch.tensor(number))):
+    if not in_range(name, number):  # on the Python number: no tensor made to check it
         raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
     return torch.tensor([number], dtype=torch.int64 if integer else torch.float32, device=device)
