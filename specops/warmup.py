@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Iterable, Union
 
@@ -85,36 +86,40 @@ def warmup(
                   torch.zeros(1, dtype=torch.int64, device=device),
                   torch.ones(1, dtype=torch.float32, device=device),
                   torch.zeros(1, dtype=torch.float32, device=device)]
-    count = 0
-    chains = [mode for mode in modes if mode != "tree"]
-    for mode, logit, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
-            chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
-        for source in sources[has_draft, logit]:
-            target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
-            draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
-            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
-            counters = torch.zeros(2, dtype=counter_dt, device=device)
-            seed = torch.zeros(2, dtype=torch.int64, device=device)
-            args = [draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:]]
-            if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
-                args[:3] = [draft if source == "probs" else None, ids, target]
-                args.insert(3, draft if source == "logits" else None)
-                args += parameters
-            # Split over two programs too where V has two chunks (block: its scan kernel).
-            for programs in (1, 2):
-                launchers[mode, logit](*args, programs)
-            count += 1
-    if "tree" in modes:  # no counters and no logits; parents of their own dtype
-        for dt, n, has_draft, ids_dt, parents_dt in itertools.product(
-                dtypes, num_drafts, has_drafts, ids_dtypes, parents_dtypes):
-            target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
-            draft = torch.zeros_like(target) if has_draft else None  # a row per node and the root
-            ids = torch.zeros(1, n, dtype=ids_dt, device=device)
-            parents = torch.zeros(1, n, dtype=parents_dt, device=device)
-            seed = torch.zeros(2, dtype=torch.int64, device=device)
-            tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
-            count += 1
-    return count
+    # The launchers load their kernels on the current device, as a call's backend makes the
+    # tensors' device current for it.
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        count = 0
+        chains = [mode for mode in modes if mode != "tree"]
+        for mode, logit, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
+                chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
+            for source in sources[has_draft, logit]:
+                target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+                draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
+                ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+                counters = torch.zeros(2, dtype=counter_dt, device=device)
+                seed = torch.zeros(2, dtype=torch.int64, device=device)
+                args = [draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:]]
+                if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
+                    args[:3] = [draft if source == "probs" else None, ids, target]
+                    args.insert(3, draft if source == "logits" else None)
+                    args += parameters
+                # Split over two programs too where V has two chunks (block: its scan kernel).
+                for programs in (1, 2):
+                    launchers[mode, logit](*args, programs)
+                count += 1
+        if "tree" in modes:  # no counters and no logits; parents of their own dtype
+            for dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+                    dtypes, num_drafts, has_drafts, ids_dtypes, parents_dtypes):
+                target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+                # A row per node and the root.
+                draft = torch.zeros_like(target) if has_draft else None
+                ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+                parents = torch.zeros(1, n, dtype=parents_dt, device=device)
+                seed = torch.zeros(2, dtype=torch.int64, device=device)
+                tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
+                count += 1
+        return count
 
 
 def _count(name: str, value) -> int:

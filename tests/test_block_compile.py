@@ -91,3 +91,10 @@ def test_issue_bound_beats_the_goal(compiled):
     # (draft probabilities: p, residual; draft logits: p, residual; None: p, w p)
     assert_issue_bounds([row for res in compiled["row"] for row in res.get("budget", [])],
                         12 + 18)
+
+
+def test_scan_compiles_for_hundreds_of_drafts():
+    """Drafts of 256 and more (BLOCK_N 512): the scan still sums at least one chunk a row at a
+    time, so it compiles (a tile of no chunks does not)."""
+    out = run_worker(WORKER, json.dumps([[], [("fp32", True, 512)]]))
+    assert len(out["scan"]) == 1 and out["scan"][0]["resources"]["REG"] > 0, out

@@ -194,3 +194,18 @@ def test_is_clean_finds_every_value_sanitize_changes():
         largest_clean = torch.tensor(2.0**117, dtype=dtype).view(cpu._BITS[dtype]) - 1
         rows[0, 0] = largest_clean.view(dtype)
         assert cpu.is_clean(rows)
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_single_request_does_not_follow_the_default_dtype(with_draft):
+    """The host path computes in float32 whatever torch's default dtype is, as the reference's
+    float32 rows do."""
+    draft, ids, target = make_inputs(4, 4, 2500, (), seed=21)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for b in range(ids.shape[0]):
+            run_both(draft[b : b + 1] if with_draft else None, ids[b : b + 1],
+                     target[b : b + 1], torch.tensor([b + 3]), torch.tensor([0]))
+    finally:
+        torch.set_default_dtype(old)

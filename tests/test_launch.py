@@ -91,6 +91,7 @@ print(json.dumps(dict(
 '''
 
 
+@pytest.mark.sm90
 def test_launch_plans_come_from_the_compiled_kernel_and_the_device():
     sms132 = run_standin(PLAN_SCRIPT)
     sms66 = run_standin(PLAN_SCRIPT, env={"STANDIN_SMS": "66"})
@@ -178,6 +179,7 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
 '''
 
 
+@pytest.mark.sm90
 @pytest.mark.parametrize("first,verification,logits", [
     ("warmup", "token", "probs"), ("one call", "token", "probs"), ("warmup", "block", "probs"),
     ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
@@ -198,6 +200,7 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     assert result["loaded_unaligned"] >= 1, result
 
 
+@pytest.mark.sm90
 def test_host_overhead_benchmark_runs():
     # The checkout on PYTHONPATH: a script's own folder, not the checkout, heads its sys.path.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

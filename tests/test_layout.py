@@ -8,9 +8,10 @@
   token/ and block/ verification), whose own modules import core/ only;
 * a sampler imports core/, its family's shared modules and itself, never another sampler; a
   sampler of no family (specops/tree/) imports core/ and itself only;
+* core/sampling/ (the math the rest builds on) imports only itself;
 * a reference imports torch, the standard library and, directly or through others, only the
-  sampling math (core/sampling/), the plain rule of logits (core/logits/rule.py), its family's
-  plain steps (chain/drafts.py, outputs.py, processed.py) and its own slots: no op, backend or
+  sampling math in torch (core/sampling/, not its Triton twins), the plain rule of logits
+  (core/logits/rule.py), its family's plain steps (chain/drafts.py, outputs.py, processed.py) and its own slots: no op, backend or
   launch code;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
@@ -78,6 +79,12 @@ def test_every_sampler_has_its_reference_op_kernel_and_launcher(sampler):
     assert not missing, f"{sampler} lacks {missing} (docs/internals/contributing.md, 'Adding a sampler')"
 
 
+@pytest.mark.parametrize("name", [n for n in MODULES if inside(n, "specops.core.sampling")])
+def test_the_sampling_math_imports_only_itself(name):
+    bad = {m for m in IMPORTS[name] if not inside(m, "specops.core.sampling")}
+    assert not bad, f"{name} imports {sorted(bad)}: core/sampling/ is the math the rest builds on"
+
+
 @pytest.mark.parametrize("name", [n for n in MODULES if inside(n, "specops.core")])
 def test_core_imports_only_core(name):
     bad = {m for m in IMPORTS[name] if not inside(m, "specops.core")}
@@ -112,8 +119,10 @@ def test_samplers_import_core_their_family_and_themselves(name):
 # rule of logits, its family's plain steps and its own slots; never registration, backend choice,
 # launching, the rule's faster twins or its sampler's other implementations (the oracle must stay
 # independent of them).
-REFERENCE_MAY_IMPORT = ("specops.core.sampling", "specops.core.logits.rule", "specops.chain.drafts",
-                        "specops.chain.outputs", "specops.chain.processed")
+REFERENCE_MAY_IMPORT = ("specops.core.sampling.probs", "specops.core.sampling.race",
+                        "specops.core.sampling.randomness", "specops.core.sampling.sums",
+                        "specops.core.logits.rule", "specops.chain.drafts", "specops.chain.outputs",
+                        "specops.chain.processed")
 
 
 def imported_through(name: str) -> set[str]:

@@ -281,3 +281,14 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         assert got is not None
         expected = processing.processed_rows(logits, *params)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), trial
+
+
+def test_few_rows_leave_a_temperature_below_float32s_range_to_the_general_path():
+    """A float64 temperature above 0 that rounds to float32's 0 is decided by the general path,
+    not divided by on the host."""
+    from specops.core.logits import cpu as logits_cpu
+
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
+    params = (torch.tensor([1e-46, 1.0, 0.5], dtype=torch.float64),
+              torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    assert logits_cpu.few_rows(logits, *params) is None

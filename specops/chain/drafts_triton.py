@@ -4,7 +4,7 @@ chain read them (docs/token.md, steps 2-3), in the token and block kernels."""
 import triton
 import triton.language as tl
 
-from ..core.logits.triton import STATS, probabilities_at
+from ..core.sampling.values_triton import STATS, probabilities_at
 from ..core.sampling.probs_triton import ABSENT
 
 

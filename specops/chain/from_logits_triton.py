@@ -1,6 +1,6 @@
 """The fused from-logits backend of a chain verifier's Triton launcher (token and block
 verification): every row's statistics (``core/logits/launch.py``), then the verifier's kernels
-reading the logits through them; its torch twin is ``from_logits.on_processed_rows``."""
+reading the logits through them; its torch twin is ``processed.on_processed_rows``."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.ops.registry import Backends, register_op
+from ..core.ops.registry import Backends, imported_on_first_use, register_op
 from .arguments import check_arguments, check_values
 from .cpu import tree_speculative_sampling_cpu
 from .reference import tree_speculative_sampling_reference
@@ -15,16 +15,7 @@ SCHEMA = (
     "Tensor seed, Tensor offset, bool with_replacement=True) -> (Tensor, Tensor, Tensor)"
 )
 
-_launch = None
-
-
-def _triton():
-    # Imported on first use (importing triton is not free); read from the module at every call,
-    # so that a replaced launcher (tests monkeypatch it) is the one called.
-    global _launch
-    if _launch is None:
-        from . import launch as _launch
-    return _launch.tree_speculative_sampling_triton
+_LAUNCH = f"{__package__}.launch"  # its Triton launchers, imported on first use
 
 
 def _check(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
@@ -49,5 +40,6 @@ tree_speculative_sampling_op = register_op(
     "specops::tree_speculative_sampling", SCHEMA, check=_check, check_values=_check_values,
     outputs=_outputs,
     backends=Backends(reference=tree_speculative_sampling_reference,
-                      cpu=tree_speculative_sampling_cpu, triton=_triton),
+                      cpu=tree_speculative_sampling_cpu,
+                      triton=imported_on_first_use(_LAUNCH, "tree_speculative_sampling_triton")),
 )

@@ -16,14 +16,13 @@ import math
 import torch
 
 from ...core.logits import cpu as logits_cpu
-from ...core.sampling.probs import as_float32, sanitized
-from ...core.sampling.race import chunk_mass_lists, draw_on_host
+from ...core.sampling.probs import PROBABILITY_BOUND, as_float32, sanitize, sanitized
+from ...core.sampling.race import (CHUNK_SIZE, chunk_mass_lists, chunk_masses, draw_on_host,
+                                   inverse_cdf, num_chunks, race_winner)
 from ...core.sampling.randomness import request_uniforms_host
 from ...core.sampling.sums import exact_total_host
-from ..processed import on_processed_rows
 from ..outputs import write_outputs
-from ...core.sampling.probs import PROBABILITY_BOUND, sanitize
-from ...core.sampling.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
+from ..processed import on_processed_rows
 from . import reference, slots
 
 # Bits of PROBABILITY_BOUND in each probability dtype (float16 rounds it to inf): the values that
@@ -152,7 +151,8 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     q = None if draft_probs is None else cleaned(draft_probs[0])
 
     def running_rows(first: int, last: int) -> torch.Tensor:  # R_first..R_last, all t < L
-        w = torch.tensor([as_float32(weights[t]) for t in range(first, last + 1)])[:, None]
+        w = torch.tensor([as_float32(weights[t]) for t in range(first, last + 1)],
+                         dtype=torch.float32)[:, None]
         rows = p[first : last + 1] * w
         if q is None:
             rows[list(range(last + 1 - first)), safe_ids[first : last + 1]] = 0.0
@@ -254,6 +254,6 @@ def block_speculative_sampling_cpu(
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+# Verification from logits: the rows processed (chain/processed.py), then the function above.
 block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu,
                                                             logits_cpu.processed_rows)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits.triton import STATS, greedy_row, probabilities_at
+from ...core.sampling.values_triton import STATS, greedy_row, probabilities_at
 from ...core.sampling.philox import philox_uniform, split_int64
 from ...core.sampling.probs_triton import ABSENT
 from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual,
@@ -282,7 +282,7 @@ def _row_masses(masses_ptr, b, num_draft, chunks, BLOCK_N: tl.constexpr):
     core/sampling/sums.py's exact_total."""
     t = tl.arange(0, BLOCK_N)
     rows = b * (num_draft + 1) + t.to(tl.int64)
-    MASS_BLOCK: tl.constexpr = min(32, MASS_TILE // BLOCK_N)  # chunks a row, at once
+    MASS_BLOCK: tl.constexpr = max(1, min(32, MASS_TILE // BLOCK_N))  # chunks a row, at once
     c = tl.arange(0, MASS_BLOCK)
     bins = tl.zeros([BLOCK_N, BIN_LANES], tl.int64)
     for first in range(0, chunks, MASS_BLOCK):

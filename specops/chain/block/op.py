@@ -4,28 +4,14 @@ twin, registered as torch ops with the schemas of token verification's ops
 
 from __future__ import annotations
 
-from ...core.ops.registry import Backends, register_op
+from ...core.ops.registry import Backends, imported_on_first_use, register_op
 from .. import from_logits, verifier
 from .cpu import block_speculative_sampling_cpu, block_speculative_sampling_from_logits_cpu
 from .reference import (block_speculative_sampling_from_logits_reference,
                         block_speculative_sampling_reference)
 
 
-_launch = None
-
-
-def _triton():
-    global _launch  # imported on first use: importing triton is not free
-    if _launch is None:
-        from . import launch as _launch
-    return _launch.block_speculative_sampling_triton
-
-
-def _triton_from_logits():
-    global _launch
-    if _launch is None:
-        from . import launch as _launch
-    return _launch.block_speculative_sampling_from_logits_triton
+_LAUNCH = f"{__package__}.launch"  # its Triton launchers, imported on first use
 
 
 chain_block_speculative_sampling_op = register_op(
@@ -33,7 +19,8 @@ chain_block_speculative_sampling_op = register_op(
     check=verifier.check, check_values=verifier.check_op_values, outputs=verifier.outputs,
     mutates_args=verifier.MUTATES_ARGS, backend_arguments=verifier.BACKEND_ARGUMENTS,
     backends=Backends(reference=block_speculative_sampling_reference,
-                      cpu=block_speculative_sampling_cpu, triton=_triton),
+                      cpu=block_speculative_sampling_cpu,
+                      triton=imported_on_first_use(_LAUNCH, "block_speculative_sampling_triton")),
 )
 
 chain_block_speculative_sampling_from_logits_op = register_op(
@@ -41,5 +28,7 @@ chain_block_speculative_sampling_from_logits_op = register_op(
     check=from_logits.check, check_values=from_logits.check_op_values,
     outputs=from_logits.outputs, mutates_args=from_logits.MUTATES_ARGS,
     backends=Backends(reference=block_speculative_sampling_from_logits_reference,
-                      cpu=block_speculative_sampling_from_logits_cpu, triton=_triton_from_logits),
+                      cpu=block_speculative_sampling_from_logits_cpu,
+                      triton=imported_on_first_use(
+                          _LAUNCH, "block_speculative_sampling_from_logits_triton")),
 )

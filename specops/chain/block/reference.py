@@ -155,5 +155,5 @@ def block_speculative_sampling_reference(
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+# Verification from logits: the rows processed (chain/processed.py), then the function above.
 block_speculative_sampling_from_logits_reference = on_processed_rows(block_speculative_sampling_reference)

@@ -213,6 +213,6 @@ def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, 
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+# Verification from logits: the rows processed (chain/processed.py), then the function above.
 chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu,
                                                             logits_cpu.processed_rows)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.logits.triton import STATS, greedy_row
+from ...core.sampling.values_triton import STATS, greedy_row
 from ...core.sampling.philox import philox_uniform, split_int64
 from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual,
                                           race_group, race_start, race_token, store_race_partial,

@@ -111,5 +111,5 @@ def chain_speculative_sampling_reference(
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
 
 
-# Verification from logits: the rows processed (chain/from_logits.py), then the function above.
+# Verification from logits: the rows processed (chain/processed.py), then the function above.
 chain_speculative_sampling_from_logits_reference = on_processed_rows(chain_speculative_sampling_reference)

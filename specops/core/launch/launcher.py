@@ -43,11 +43,6 @@ def placeholder(device, dtype) -> torch.Tensor:
     return torch.empty(1, dtype=dtype, device=device)
 
 
-def current_stream(device: int):
-    """The driver's handle of the current stream on ``device``, what a launch is queued on."""
-    return triton.runtime.driver.active.get_current_stream(device)
-
-
 class Resources(NamedTuple):
     """What a launch plan reads of one compiled kernel, and the device it is loaded on."""
 

@@ -47,7 +47,7 @@ class Device(NamedTuple):
 @functools.lru_cache(maxsize=16)
 def device(index: int) -> Device:
     """GPU ``index`` as the model needs it, from torch's device properties; where torch has no CUDA
-    (benchmarks/standin_driver.py runs Triton's launch path without a GPU), from the Triton
+    (tests/standin_driver.py runs Triton's launch path without a GPU), from the Triton
     driver's, as Triton's fused-softmax tutorial reads them (a block may take an SM's registers
     on NVIDIA GPUs since Maxwell, and all but about 1 KB of its shared memory)."""
     import torch

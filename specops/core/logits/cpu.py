@@ -1,4 +1,4 @@
-"""The CPU backends' way of processing rows of logits: ``logits.processed_rows``'s rows, bit for
+"""The CPU backends' way of processing rows of logits: ``rule.processed_rows``'s rows, bit for
 bit, with less work (tests/test_logits.py checks them against it).
 
 On a CPU a question about the data costs no host synchronisation, so this path asks them:
@@ -27,6 +27,7 @@ import struct
 import torch
 
 from . import rule
+from ..sampling.probs import as_float32
 from ..sampling.race import chunk_mass_lists
 from ..sampling.sums import exact_total_host
 
@@ -36,7 +37,7 @@ _MARGIN = 2.0**-12
 
 
 def top_p_threshold(e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """``logits.top_p_threshold`` for rows whose P < 1, with fewer exact masses."""
+    """``rule.top_p_threshold`` for rows whose P < 1, with fewer exact masses."""
     ranked = torch.where(keep, e, -1.0)
     most = int(keep.sum(dim=-1).max())  # the ranks past it hold -1 and are never the answer
     if most < ranked.shape[-1] // 8:  # top-k or min-p left few: their ranks, not the whole row
@@ -68,7 +69,7 @@ def top_p_threshold(e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def top_k_threshold(e: torch.Tensor, keep: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """``logits.top_k_threshold`` for rows whose k is in [1, V): the k-th largest kept weight."""
+    """``rule.top_k_threshold`` for rows whose k is in [1, V): the k-th largest kept weight."""
     k = top_k.long()
     largest = torch.where(keep, e, -1.0).topk(int(k.max()), dim=-1).values
     return largest.gather(-1, (k - 1)[:, None])
@@ -76,7 +77,7 @@ def top_k_threshold(e: torch.Tensor, keep: torch.Tensor, top_k: torch.Tensor) ->
 
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """``logits.processed_rows``: the same float32 rows (R, V)."""
+    """``rule.processed_rows``: the same float32 rows (R, V)."""
     if logits.shape[0] <= FEW_ROWS:
         rows = few_rows(logits, temperature, top_k, top_p, min_p)
         if rows is not None:
@@ -111,14 +112,6 @@ FEW_ROWS = 16
 FIRST_RANKS = 256
 # Top-p's exact masses taken in one pass over the rows, per row.
 CANDIDATES = 8
-
-
-def as_float32(x: float) -> float:
-    """x rounded to float32 (to nearest, ties to even), as a float32 operation rounds it."""
-    try:
-        return struct.unpack("f", struct.pack("f", x))[0]
-    except OverflowError:  # rounds past float32's largest value
-        return math.copysign(math.inf, x)
 
 
 def host_masses(kept: torch.Tensor) -> list[float]:
@@ -170,7 +163,7 @@ def masses_at(e: torch.Tensor, thresholds: list[list[float]]) -> list[list[float
 def top_p_thresholds(e: torch.Tensor, floor: list[float], total: list[float],
                      top_p: list[float]) -> list[tuple[float, float]] | None:
     """For each row r: (t, W(t)), t the largest weight >= floor[r] whose kept mass W(t) (the
-    weights >= t) is at least top_p[r] * total[r] (total: W(floor)), as ``logits.top_p_threshold``
+    weights >= t) is at least top_p[r] * total[r] (total: W(floor)), as ``rule.top_p_threshold``
     finds it among the kept weights; None when some row needs the general path.
 
     The largest weights are ranked (``torch.topk``, more of them while their float64 running sum
@@ -247,7 +240,7 @@ def per_row(values: list[float]):
 
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
              top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor | None:
-    """``logits.processed_rows`` for a few rows, decided on the host; None when some row needs
+    """``rule.processed_rows`` for a few rows, decided on the host; None when some row needs
     the general path (parameters out of range, a row without mass, a weight that is not a
     number).
 
@@ -260,13 +253,15 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     t, k, p, m = (v.tolist() for v in (temperature, top_k, top_p, min_p))
     if not all(a >= 0 and b >= 0 and 0 < c <= 1 and 0 <= d <= 1 for a, b, c, d in zip(t, k, p, m)):
         return None  # out of range (``rule.out_of_range``; NaN fails every comparison)
+    if any(value and not as_float32(value) for value in t):
+        return None  # a temperature that rounds to float32's 0: the rule's own arithmetic decides
     x = logits.float()
     greedy = [value == 0 for value in t]
     # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
     valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)
     if all(greedy) and valid is None:  # ``rule.greedy_rows`` where every logit is valid
-        return torch.zeros(rows, vocab).index_put_((torch.arange(rows), x.argmax(dim=-1)),
-                                                   torch.ones(()))
+        return torch.zeros(rows, vocab, dtype=torch.float32).index_put_(
+            (torch.arange(rows), x.argmax(dim=-1)), torch.ones((), dtype=torch.float32))
     if valid is None:  # ``rule.weights`` where every logit is valid
         peak = x.amax(dim=-1, keepdim=True)
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to

@@ -1,4 +1,4 @@
-"""Launching ``logits_triton.row_statistics_kernel``: one program per row of logits, one
+"""Launching ``triton.row_statistics_kernel``: one program per row of logits, one
 ``kernel[grid]`` launch (core/launch/launcher.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from ..launch.launcher import TritonKernel, build_options
 from ..sampling.race import CHUNK_SIZE
 from .triton import row_statistics_kernel
 
-STATS_FIELDS = 6  # logits_triton.STATS
+STATS_FIELDS = 6  # triton.STATS
 # How the samplers build the kernels that read logits (no multiply-add contraction, as every
 # kernel): a row loop then does about twice the work per value of one reading probabilities
-# (logits_triton.processed), so 2 warps, 16 values a thread per chunk, share each chunk's block
+# (triton.processed), so 2 warps, 16 values a thread per chunk, share each chunk's block
 # reduction among twice the values (docs/internals/kernel.md, the instruction budget).
 FROM_LOGITS_OPTIONS = build_options(2)
 # The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers

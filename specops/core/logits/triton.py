@@ -1,18 +1,19 @@
-"""Triton twin of ``logits.py`` (beside this file): every row's statistics, from which a kernel
+"""Triton twin of ``rule.py`` (beside this file): every row's statistics, from which a kernel
 reads its processed probabilities straight from the logits, without writing them.
 
 A row's statistics (float64, STATS fields, ``row_statistics_kernel``): its mode (NO_MASS,
 SAMPLED, GREEDY), its largest finite logit m, the exponent scale c = log2(e) / T, the keep limit
 L, the scale r = 1 / W of the kept mass, and the first index of m (a greedy row's token). A sampled
-row's probability of logit x is then ``processed(x, ...)``: with n = m - x (float32), exp2(n (-c))
-r where n's float32 bits, read unsigned, are below L, else 0. The rule keeps the weights
+row's probability of logit x is then ``processed(x, ...)`` (core/sampling/values_triton.py, where
+the kernels read rows): with n = m - x (float32), exp2(n (-c)) r where n's float32 bits, read
+unsigned, are below L, else 0. The rule keeps the weights
 e = exp2(n (-c)) at or above a floor t, and e falls as n grows: L is one above the bits of the
 largest n >= 0 whose weight is >= t (``_keep_limit``, a bisection over n's bits that reads no
 logit), so the test keeps exactly the rule's tokens. NaN, +inf and -inf logits give n = NaN, -inf
 (the sign bit) and +inf, never kept (L is at most +inf's bits); m is stored as +0 where it is -0,
 so n is never -0. A row that keeps nothing has L = 0. One compare and one select per value.
 
-Each threshold is found as logits.py's: min-p directly; top-k as the largest weight t with at least
+Each threshold is found as rule.py's: min-p directly; top-k as the largest weight t with at least
 k kept weights >= t, and top-p as the largest t with W(t) >= P W(0), each by bisection over the
 float32 bit patterns of t in [0, 1], one pass over the row per step: a row takes at most 2 + 31
 (top-k) + 31 (top-p) passes, 2 with temperature and min-p alone.
@@ -21,69 +22,14 @@ float32 bit patterns of t in [0, 1], one pass over the row per step: a row takes
 import triton
 import triton.language as tl
 
-from ..sampling.probs_triton import sanitize, widen
+from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
+from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS
 from . import rule as logits
 
-NO_MASS = tl.constexpr(0)
-SAMPLED = tl.constexpr(1)
-GREEDY = tl.constexpr(2)
-STATS = tl.constexpr(6)  # mode, m, c, L, r, greedy index
 LOG2E = tl.constexpr(logits.LOG2E)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
 INF_BITS = tl.constexpr(0x7F800000)  # +inf's: n = +inf (a -inf logit) is never kept
-
-
-@triton.jit
-def processed(x, peak, coef, limit, scale):
-    """A sampled row's probabilities of logits x (float32): exp2(n (-c)) r, n = m - x, where n's
-    bits are below the keep limit (module docstring), else 0. exp2(n (-c)) is exp2((x - m) c)
-    bit for bit: float32 subtraction and product round symmetrically."""
-    n = peak - x
-    keep = n.to(tl.uint32, bitcast=True) < limit
-    return tl.where(keep, tl.exp2(n * -coef) * scale, 0.0)
-
-
-@triton.jit
-def load_stats(stats, mask=True):
-    """A row's statistics at ``stats`` (a pointer, or a vector of pointers, read where ``mask``):
-    (mode, m, c, L, r, greedy index), in the types the kernels compute with."""
-    mode = tl.load(stats, mask=mask, other=0.0).to(tl.int32)
-    peak = tl.load(stats + 1, mask=mask, other=0.0).to(tl.float32)
-    coef = tl.load(stats + 2, mask=mask, other=0.0).to(tl.float32)
-    limit = tl.load(stats + 3, mask=mask, other=0.0).to(tl.uint32)
-    scale = tl.load(stats + 4, mask=mask, other=0.0).to(tl.float32)
-    index = tl.load(stats + 5, mask=mask, other=0.0).to(tl.int64)
-    return mode, peak, coef, limit, scale, index
-
-
-@triton.jit
-def greedy_row(stats):
-    """(whether a row of logits is greedy, its token: the first index of its largest logit), from
-    the row's statistics at ``stats``."""
-    mode, peak, coef, limit, scale, index = load_stats(stats)
-    return mode == GREEDY, index
-
-
-@triton.jit
-def row_values(raw, LOGITS: tl.constexpr, peak, coef, limit, scale):
-    """A row's values as the rules read them: the sanitised probabilities, or (LOGITS) the
-    probabilities a sampled row's statistics give its logits."""
-    if LOGITS:
-        return processed(widen(raw), peak, coef, limit, scale)
-    return sanitize(raw)
-
-
-@triton.jit
-def probabilities_at(raw, stats, ids, mask, LOGITS: tl.constexpr):
-    """The probabilities of the logits (or probabilities) ``raw`` at token ``ids`` of their rows,
-    whose statistics are at ``stats`` (vectors alike, read where ``mask``): greedy rows one-hot at
-    their index."""
-    if LOGITS:
-        mode, peak, coef, limit, scale, index = load_stats(stats, mask)
-        sampled = processed(widen(raw), peak, coef, limit, scale)
-        return tl.where(mode == GREEDY, (ids == index).to(tl.float32), sampled)
-    return sanitize(raw)
 
 
 # The statistics' passes keep per-lane partial results across a row's chunks (running maxima and

@@ -9,6 +9,7 @@ included, goes through the dispatcher, so a kernel a user registers for a device
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, NamedTuple
 
 import torch
@@ -43,6 +44,15 @@ class Backends(NamedTuple):
                     raise triton_unavailable_error(device) from error
                 raise
         return (self.cpu if device_type(device) == "cpu" else self.reference)(*args)
+
+
+def imported_on_first_use(module: str, name: str) -> Callable[[], Callable]:
+    """A ``Backends.triton``: the launcher ``name`` of ``module``, imported on the first call
+    (importing triton is not free) and read from the module at every call, so that a replaced
+    launcher (tests monkeypatch it) is the one called."""
+    def launcher() -> Callable:
+        return getattr(importlib.import_module(module), name)
+    return launcher
 
 
 def register_op(qualname: str, schema: str, *, check: Callable, check_values: Callable,

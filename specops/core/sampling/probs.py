@@ -3,6 +3,7 @@ values count as 0 (docs/token.md)."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import torch
@@ -29,7 +30,10 @@ def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
 def as_float32(x: float) -> float:
     """x rounded to float32 (to nearest, ties to even), as float32 arithmetic rounds its exact
     result."""
-    return struct.unpack("f", struct.pack("f", x))[0]
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # rounds past float32's largest value
+        return math.copysign(math.inf, x)
 
 
 def sanitized(x: float) -> float:

@@ -6,7 +6,7 @@ code draw the same tokens.
 import triton
 import triton.language as tl
 
-from ..logits.triton import load_stats, row_values
+from .values_triton import load_stats, row_values
 from .philox import philox_uniform
 from .probs_triton import ABSENT, widen
 
