@@ -277,8 +277,10 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
             torch.randint(len(values), (count,), generator=gen)].expand(n)
         params = (pick(0.0, 0.5, 1.0, 2.0), pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
+        before = logits.clone()
         got = logits_cpu.few_rows(logits, *params)
         assert got is not None
+        assert torch.equal(logits.view(torch.int32), before.view(torch.int32))  # untouched
         expected = processing.processed_rows(logits, *params)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), trial
 

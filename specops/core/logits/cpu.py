@@ -127,11 +127,14 @@ def below(t: float) -> float:
     return struct.unpack("f", struct.pack("I", bits - 1))[0]
 
 
-def kept_rows(e: torch.Tensor, thresholds: list[list[float]]) -> torch.Tensor:
+def kept_rows(e: torch.Tensor, thresholds: list[list[float]], in_place: bool = False
+              ) -> torch.Tensor:
     """Row r of e with the weights below t zeroed, for every t in thresholds[r] (each list of one
     length): (sum of the lengths, V), the rows of ``torch.where(e >= t, e, 0.0)``. Long rows go
     through ``torch.threshold`` row by row (e > below(t)), many times faster than ``where``
-    there; short ones through one ``where``, fewer operations."""
+    there; short ones through one ``where``, fewer operations. ``in_place`` lets long rows be
+    thresholded in e itself (one threshold per row): at V = 32000 a new tensor's pages cost as
+    much as the pass."""
     width = len(thresholds[0])
     if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
         return e
@@ -139,6 +142,11 @@ def kept_rows(e: torch.Tensor, thresholds: list[list[float]]) -> torch.Tensor:
         t = torch.tensor(thresholds, dtype=torch.float32)[:, :, None]
         rows = e[:, None, :]
         return torch.where(rows >= t, rows, 0.0).view(-1, e.shape[-1])
+    if in_place and width == 1:
+        for r, (t,) in enumerate(thresholds):
+            if t > 0:  # t <= 0 keeps every weight (every weight is >= 0)
+                torch.threshold_(e[r], below(t), 0.0)
+        return e
     out = e.new_empty(e.shape[0] * width, e.shape[-1])
     for r, ts in enumerate(thresholds):
         for i, t in enumerate(ts):
@@ -160,19 +168,19 @@ def masses_at(e: torch.Tensor, thresholds: list[list[float]]) -> list[list[float
     return [totals[r * width : r * width + len(ts)] for r, ts in enumerate(thresholds)]
 
 
-def top_p_thresholds(e: torch.Tensor, floor: list[float], total: list[float],
+def top_p_thresholds(kept: torch.Tensor, total: list[float],
                      top_p: list[float]) -> list[tuple[float, float]] | None:
-    """For each row r: (t, W(t)), t the largest weight >= floor[r] whose kept mass W(t) (the
-    weights >= t) is at least top_p[r] * total[r] (total: W(floor)), as ``rule.top_p_threshold``
-    finds it among the kept weights; None when some row needs the general path.
+    """For each row r of the kept weights (R, V) (the dropped ones 0): (t, W(t)), t the largest
+    kept weight whose kept mass W(t) (the kept weights >= t) is at least top_p[r] * total[r]
+    (total: the row's kept mass), as ``rule.top_p_threshold`` finds it; None when some row needs
+    the general path.
 
     The largest weights are ranked (``torch.topk``, more of them while their float64 running sum
     stays below the goal plus a margin); the rank where that sum first reaches the goal is the
     likely answer: exact masses check it and the weight just above it (one pass, as a rule), and
     otherwise decide, in passes of up to CANDIDATES ranks per row, between the last rank known
     short of the goal and the first known to reach it (the margin's end, checked)."""
-    rows, vocab = e.shape
-    kept = kept_rows(e, [[f] for f in floor])
+    rows, vocab = kept.shape
     goals = [p * w for p, w in zip(top_p, total)]
     ranks = min(FIRST_RANKS, vocab)
     while True:
@@ -210,7 +218,7 @@ def top_p_thresholds(e: torch.Tensor, floor: list[float], total: list[float],
     probes = [sorted({first_of_tie(r, g) - 1, g, hi} - {-1}) for r, (g, hi) in
               enumerate(zip(guesses, high))]
     while True:
-        masses = masses_at(e, [[ranked[r][i] for i in ranks] for r, ranks in enumerate(probes)])
+        masses = masses_at(kept, [[ranked[r][i] for i in ranks] for r, ranks in enumerate(probes)])
         for r, ranks in enumerate(probes):
             seen[r].update(zip(ranks, masses[r]))
             if seen[r][high[r]] < goals[r]:  # the margin's end must reach the goal
@@ -267,7 +275,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
         # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
         c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
-        e = torch.exp2((x - peak) * per_row(c))
+        e = torch.sub(x, peak).mul_(per_row(c)).exp2_()  # in place: fewer new pages
     else:  # invalid logits weigh 0, below every threshold above 0 and adding nothing to a mass
         valid, e = rule.weights(logits, temperature)
 
@@ -277,19 +285,22 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         largest = e.topk(max(ks), dim=-1).values.tolist()
         floor = [max(f, largest[r][value - 1]) if value else f
                  for r, (f, value) in enumerate(zip(floor, ks))]
-    total = [w[0] for w in masses_at(e, [[f] for f in floor])]
+    kept = kept_rows(e, [[f] for f in floor], in_place=True)  # e is this call's own
+    total = host_masses(kept)
     if not all(w > 0 for w, g in zip(total, greedy) if not g):  # nan or no mass: general path
         return None
     nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
     if nucleus:
-        answers = top_p_thresholds(e if len(nucleus) == rows else e[nucleus], [floor[r] for r in nucleus],
+        answers = top_p_thresholds(kept if len(nucleus) == rows else kept[nucleus],
                                    [total[r] for r in nucleus], [float(p[r]) for r in nucleus])
         if answers is None:
             return None
+        raised = [0.0] * rows  # 0: the row keeps what it kept
         for r, (threshold, mass) in zip(nucleus, answers):
-            floor[r], total[r] = threshold, mass
-    scale = per_row([as_float32(1.0 / w) if not g else 1.0 for w, g in zip(total, greedy)])
-    out = kept_rows(e, [[f] for f in floor]) * scale
+            raised[r], total[r] = threshold, mass
+        kept = kept_rows(kept, [[f] for f in raised], in_place=True)
+    out = kept.mul_(per_row([as_float32(1.0 / w) if not g else 1.0
+                             for w, g in zip(total, greedy)]))
     if any(greedy):
         which = torch.tensor(greedy)
         out[which] = rule.greedy_rows(logits[which], valid[which] if valid is not None else

@@ -65,11 +65,19 @@ def exact_total_host(masses: list[float]) -> float:
     host: the same float64 value, from the exact integer sum in units of 2**-149 and ``to_float``'s
     sequence of float64 operations (Python floats round as torch's float64 operations do). For a
     few masses, far cheaper than the torch operations of ``exact_total``."""
-    exact = sum(int(m * 2.0 ** -LOWEST_EXPONENT) for m in masses)  # each product exact
+    if len(masses) == 1:  # one float32 value: every partial sum of its bins is exact (-0.0: 0)
+        return abs(masses[0])
+    exact = sum(map(int, map(_UNIT.__mul__, masses)))  # each product exact
     total = 0.0
-    for b in reversed(range(NUM_BINS)):
+    # to_float's terms from the highest bin down; an empty bin adds 0, which changes nothing.
+    for b in reversed(range(min(exact.bit_length() // BIN_BITS + 1, NUM_BINS))):
         bin_value = exact >> (BIN_BITS * b)
         if b < NUM_BINS - 1:
             bin_value &= _MASK
-        total = total + float(bin_value) * 2.0 ** (BIN_BITS * b + LOWEST_EXPONENT)
+        if bin_value:
+            total = total + float(bin_value) * _SCALES[b]
     return total
+
+
+_UNIT = 2.0 ** -LOWEST_EXPONENT  # masses in units of 2**-149
+_SCALES = [2.0 ** (BIN_BITS * b + LOWEST_EXPONENT) for b in range(NUM_BINS)]
