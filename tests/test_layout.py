@@ -120,7 +120,8 @@ def test_samplers_import_core_their_family_and_themselves(name):
 # launching, the rule's faster twins or its sampler's other implementations (the oracle must stay
 # independent of them).
 REFERENCE_MAY_IMPORT = ("specops.core.sampling.probs", "specops.core.sampling.race",
-                        "specops.core.sampling.randomness", "specops.core.sampling.sums",
+                        "specops.core.sampling.randomness", "specops.core.sampling.slots",
+                        "specops.core.sampling.sums",
                         "specops.core.logits.rule", "specops.chain.drafts", "specops.chain.outputs",
                         "specops.chain.processed")
 

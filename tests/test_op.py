@@ -82,9 +82,20 @@ class TestExpected(expecttest.TestCase):
             f"drafts={d.tolist()}\noutput={out.tolist()}\naccepted={acc.tolist()}\nemitted={emit.tolist()}",
             """\
 drafts=[[2423, 693, 2465], [2756, 1850, 1677], [1241, 2126, 2828], [1487, -1, 2799]]
-output=[[2423, 693, 2824, -1], [2756, 2772, -1, -1], [2779, -1, -1, -1], [1487, 868, -1, -1]]
-accepted=[2, 2, 1, 2]
-emitted=[2, 1, 0, 1]""",
+output=[[2423, 1367, -1, -1], [2756, 165, -1, -1], [2720, -1, -1, -1], [1487, 1319, -1, -1]]
+accepted=[1, 2, 1, 2]
+emitted=[1, 1, 0, 1]""",
+        )
+        # Block verification of the same inputs: its stop coins sit between the coins.
+        acc_b, emit_b = counters(4, torch.int64)
+        out_b = torch.ops.specops.chain_block_speculative_sampling(
+            q, d, p, acc_b, emit_b, torch.tensor([2024]), torch.tensor([5]))
+        self.assertExpectedInline(
+            f"output={out_b.tolist()}\naccepted={acc_b.tolist()}\nemitted={emit_b.tolist()}",
+            """\
+output=[[2423, 693, 2465, 1332], [2756, 1850, 1677, 149], [1241, 2126, 2828, 2700], [1487, 1319, -1, -1]]
+accepted=[1, 2, 1, 2]
+emitted=[3, 3, 3, 1]""",
         )
         # One-hot drafts; rows 0-1 give their drafts p = 0.6 (accepted 60% of the time).
         p2 = p.clone()
@@ -93,8 +104,8 @@ emitted=[2, 1, 0, 1]""",
         self.assertExpectedInline(
             f"output={out2.tolist()}\naccepted={acc2.tolist()}\nemitted={emit2.tolist()}",
             """\
-output=[[690, -1, -1, -1], [812, -1, -1, -1], [2879, -1, -1, -1], [1487, 2520, -1, -1]]
-accepted=[1, 0, 0, 1]
+output=[[907, -1, -1, -1], [1955, -1, -1, -1], [2711, -1, -1, -1], [1487, 2660, -1, -1]]
+accepted=[2, 2, 0, 1]
 emitted=[0, 0, 0, 1]""",
         )
 

@@ -151,9 +151,14 @@ def test_slot_helpers():
 
     assert race.CHUNK_SIZE == specops.CHUNK_SIZE == 1024
     assert [race.num_chunks(v) for v in (1, 1024, 1025, 50000)] == [1, 1, 2, 49]
-    assert slots.cdf_slot(4) == 4
-    assert slots.race_slot(4, 0) == 5 and slots.race_slot(4, 7) == 12
-    assert slots.num_slots(4, 1025) == 7
+    # V = 1025: K = 2 chunks. Slot 0 the inverse-CDF uniform, 1 + k the races, 1 + K + 2j the
+    # coins; nothing depends on N but how many coins there are.
+    assert slots.CDF_SLOT == 0
+    assert slots.race_slot(0) == 1 and slots.race_slot(7) == 8
+    assert [slots.coin_slot(1025, j) for j in range(3)] == [3, 5, 7]
+    assert slots.num_slots(4, 1025) == 11 and slots.num_slots(0, 1025) == 3
+    assert list(range(11))[slots.coin_slots(1025, 4)] == [3, 5, 7, 9]
+    assert list(range(11))[slots.race_slots(1025)] == [1, 2]
 
 
 def test_wrapper_seed_int_forms():
@@ -173,8 +178,8 @@ def test_wrapper_seed_int_forms():
 
 def test_sampler_uses_documented_slots():
     # Recompute one call's decisions from the documented layout with the Python Philox model:
-    # slot j < N is position j's coin, slot N the in-chunk inverse-CDF uniform, slot N+1+k the
-    # race uniform of chunk k.  V spans 3 chunks (the last one partial).
+    # slot 0 the in-chunk inverse-CDF uniform, slot 1+k the race uniform of chunk k, slot
+    # 1+K+2j position j's coin.  V spans K = 3 chunks (the last one partial).
     batch, num_draft, vocab = 24, 2, 2 * 1024 + 300
     g = torch.Generator().manual_seed(1)
     p = torch.rand(batch, num_draft + 1, vocab, generator=g) ** 4
@@ -187,8 +192,9 @@ def test_sampler_uses_documented_slots():
     assert 0 < int((emitted < num_draft).sum()) < batch  # both residual and bonus rows occur
     chunks_hit = set()
     for b in range(batch):
-        u = [expected_uniform(seed, offset, b, s) for s in range(num_draft + 1 + 3)]
-        acc = [u[j] * float(q[b, j, d[b, j]]) < float(p[b, j, d[b, j]]) for j in range(num_draft)]
+        u = [expected_uniform(seed, offset, b, s) for s in range(1 + 3 + 2 * num_draft)]
+        acc = [u[4 + 2 * j] * float(q[b, j, d[b, j]]) < float(p[b, j, d[b, j]])
+               for j in range(num_draft)]
         assert int(accepted[b]) == sum(acc)
         e = acc.index(False) if False in acc else num_draft
         assert int(emitted[b]) == e
@@ -199,10 +205,10 @@ def test_sampler_uses_documented_slots():
         # float64 total.
         chunks = [row[k * 1024 : (k + 1) * 1024] for k in range(3)]
         masses = [float(c.sum()) for c in chunks]
-        keys = [-math.log(u[num_draft + 1 + k]) / m if m > 0 else math.inf for k, m in enumerate(masses)]
+        keys = [-math.log(u[1 + k]) / m if m > 0 else math.inf for k, m in enumerate(masses)]
         k = keys.index(min(keys))
         cdf = chunks[k].double().cumsum(0)
-        token = k * 1024 + int(torch.nonzero(cdf > u[num_draft] * cdf[-1])[0])
+        token = k * 1024 + int(torch.nonzero(cdf > u[0] * cdf[-1])[0])
         assert int(out[b, e]) == token, (b, e)
         chunks_hit.add(k)
     assert chunks_hit == {0, 1, 2}
@@ -273,3 +279,115 @@ def test_host_uniforms_match_plain(num_slots):
     for stream in (2**31, 2**32 - 1):  # streams beyond any batch, against the Python model
         got = R.request_uniforms_host(-5, 2**40, stream, num_slots)
         assert got == [expected_uniform(-5, 2**40, stream, s) for s in range(num_slots)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Width invariance: no slot depends on the width N a request is padded to, so a request gets the
+# same tokens and counts whatever its neighbours' lengths make the batch's width.
+
+def _padded(rows: torch.Tensor, width: int, gen: torch.Generator) -> torch.Tensor:
+    """rows (B, n, V) with random rows appended up to (B, width, V): rows no request reads."""
+    extra = torch.rand(rows.shape[0], width - rows.shape[1], rows.shape[2], generator=gen)
+    return torch.cat([rows, extra.to(rows.dtype)], dim=1)
+
+
+def _with_width(inputs: dict, num_draft: int, gen: torch.Generator) -> dict:
+    """The call's inputs with every request's drafts padded with -1 to num_draft positions."""
+    ids = inputs["draft_token_ids"]
+    padding = torch.full((ids.shape[0], num_draft - ids.shape[1]), -1, dtype=ids.dtype)
+    wide = dict(inputs, draft_token_ids=torch.cat([ids, padding], dim=1))
+    for name in ("draft_probs", "draft_logits"):
+        if wide.get(name) is not None:
+            wide[name] = _padded(wide[name], num_draft, gen)
+    target = "target_logits" if "target_logits" in wide else "target_probs"
+    wide[target] = _padded(wide[target], num_draft + 1, gen)
+    return wide
+
+
+WIDTH_CALLS = {
+    "token": dict(),
+    "token, one-hot drafts": dict(draft_probs=None),
+    "block": dict(verification="block"),
+    "block, one-hot drafts": dict(draft_probs=None, verification="block"),
+    "token from logits": dict(logits=True, temperature=0.8, top_p=0.9, min_p=0.02),
+    "block from draft logits": dict(logits=True, draft_logits=True, top_k=20,
+                                    verification="block"),
+}
+
+
+@pytest.mark.parametrize("batch", [1, 5], ids=["one request", "a batch"])
+@pytest.mark.parametrize("call", WIDTH_CALLS)
+def test_a_request_gets_the_same_tokens_at_every_width(call, batch):
+    """Requests of lengths 0..3 (their drafts padded with -1 to 3, as a batch of mixed lengths
+    holds them) called again at widths 5 and 8: the same tokens, -1 beyond them, the same counts,
+    with one seed for the batch and with per-request seeds. Fails if a slot depends on N."""
+    options = dict(WIDTH_CALLS[call])
+    logits, draft_logits = options.pop("logits", False), options.pop("draft_logits", False)
+    gen = torch.Generator().manual_seed(batch)
+    num_draft, vocab = 3, 1500
+    target = torch.randn(batch, num_draft + 1, vocab, generator=gen) * 2
+    draft = torch.randn(batch, num_draft, vocab, generator=gen) * 2
+    ids = torch.multinomial(draft.softmax(-1).view(-1, vocab), 1, generator=gen).view(batch,
+                                                                                        num_draft)
+    for b in range(batch):
+        ids[b, (b * 7 + 3) % (num_draft + 1):] = -1  # request b keeps its first L_b drafts
+    if logits:
+        inputs = dict(draft_probs=None if draft_logits else draft.softmax(-1),
+                      draft_token_ids=ids, target_logits=target,
+                      draft_logits=draft if draft_logits else None)
+        function = specops.chain_speculative_sampling_from_logits
+    else:
+        inputs = dict(draft_probs=draft.softmax(-1), draft_token_ids=ids,
+                      target_probs=target.softmax(-1))
+        function = specops.chain_speculative_sampling
+    if "draft_probs" in options:
+        inputs["draft_probs"] = options.pop("draft_probs")
+    for seed in (1234, torch.arange(batch) * 7 + 1):
+        narrow = function(**inputs, seed=seed, offset=3, **options)
+        for width in (5, 8):
+            out, accepted, emitted = function(**_with_width(inputs, width, gen), seed=seed,
+                                              offset=3, **options)
+            assert torch.equal(out[:, : num_draft + 1], narrow[0]), (width, seed)
+            assert (out[:, num_draft + 1 :] == -1).all()
+            assert torch.equal(accepted, narrow[1]) and torch.equal(emitted, narrow[2])
+
+
+def test_block_and_tree_slots_leave_the_token_slots_as_they_are():
+    from specops.chain.block import slots as block
+    from specops.chain.token import slots as token
+    from specops.tree import slots as tree
+
+    vocab = 1025  # K = 2
+    assert [block.stop_slot(vocab, t) for t in (1, 2, 3)] == [4, 6, 8]  # K + 2t, between coins
+    assert list(range(block.num_slots(3, vocab)))[block.stop_slots(vocab, 3)] == [4, 6, 8]
+    assert block.coin_slot is token.coin_slot and block.race_slot is token.race_slot
+    # A tree's node i has the chain's coin of position i - 1; draw r starts at r (K + 1).
+    assert [tree.coin_slot(vocab, i) for i in (1, 2)] == [3, 5]
+    assert [tree.draw_slot(vocab, r) for r in (0, 1, 2)] == [0, 3, 6]
+    assert tree.race_slot(vocab, 1, 1) == 5
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft probabilities", "target-only"])
+def test_a_tree_gets_the_same_tokens_with_absent_nodes_appended(draft):
+    """A tree of M nodes and the same tree with absent nodes after them (a batch padded to a
+    larger tree): the same tokens, nodes and counts. Fails if a slot depends on M."""
+    from inputs import full_tree, tree_inputs
+
+    gen = torch.Generator().manual_seed(3)
+    # Target-only keeps a node when the target's draw is its token: few tokens, peaked rows.
+    batch, vocab, sharp = (6, 1500, 1.0) if draft else (6, 6, 8.0)
+    parents = full_tree(2, 3)
+    num_nodes = parents.numel()
+    q, ids, parents, p = tree_inputs(batch, num_nodes, vocab, draft=draft, parents=parents,
+                                     sharp=sharp, seed=5, device="cpu")
+    narrow = specops.tree_speculative_sampling(q, ids, parents, p, seed=99, offset=2)
+    extra = 5
+    wide_ids = torch.cat([ids, torch.full((batch, extra), -1, dtype=ids.dtype)], dim=1)
+    wide_parents = torch.cat([parents, torch.zeros(batch, extra, dtype=parents.dtype)], dim=1)
+    wide = specops.tree_speculative_sampling(
+        None if q is None else _padded(q, num_nodes + 1 + extra, gen), wide_ids, wide_parents,
+        _padded(p, num_nodes + 1 + extra, gen), seed=99, offset=2)
+    assert torch.equal(wide[0][:, : num_nodes + 1], narrow[0])
+    assert torch.equal(wide[1][:, :num_nodes], narrow[1])
+    assert (wide[1][:, num_nodes:] == -1).all() and torch.equal(wide[2], narrow[2])
+    assert (narrow[2] > 0).any()  # some drafts are kept: the coins and draws past the root count

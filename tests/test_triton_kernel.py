@@ -130,7 +130,7 @@ def test_non_contiguous_inputs():
     wide_ids = torch.stack([ids, ids], dim=2).reshape(4, 6)
     ids_view = wide_ids[:, ::2]  # stride 2 along N
     target_view = target.transpose(1, 2).contiguous().transpose(1, 2)  # vocabulary stride != 1
-    draft_view = torch.cat([draft_probs, draft_probs], dim=0)[::2]  # batch stride doubled
+    draft_view = torch.stack([draft_probs, draft_probs], dim=1).flatten(0, 1)[::2]  # batch stride doubled
     seed, offset = seeds(4, per_request=True, offset_per_request=True)
     expected = run_both(draft_probs, ids, target, seed, offset)[0]
     acc = torch.zeros(8, dtype=torch.int64, device=DEVICE)[::2]

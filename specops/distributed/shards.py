@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.sampling import sums
+from ..core.sampling.slots import piece_slot, race_slot
 from ..core.sampling.probs import sanitize
 from ..core.sampling.race import CHUNK_SIZE, chunk_masses, inverse_cdf, num_chunks, race_winner
 from ..core.sampling.randomness import uniforms_at
@@ -67,13 +68,13 @@ def piece_starts(shard: Shard, device) -> torch.Tensor:
     return (shard.start + shard.head + index * CHUNK_SIZE).clamp(min=shard.start)
 
 
-def piece_slots(shard: Shard, first_race_slot: int, device) -> torch.Tensor:
-    """Each piece's race slot: chunk k's, first_race_slot + k, for a piece that starts chunk k;
-    first_race_slot + K + start for one that starts at column ``start`` inside a chunk (K chunks
-    in all, so no two pieces of any layout share a slot): (P,) int64."""
+def piece_slots(shard: Shard, device) -> torch.Tensor:
+    """Each piece's race slot (core/sampling/slots.py): chunk k's for a piece that starts chunk k,
+    a slot of its own for one that starts at column ``start`` inside a chunk (so no two pieces of
+    any layout share a slot): (P,) int64."""
     starts = piece_starts(shard, device)
-    inside = first_race_slot + num_chunks(shard.vocab) + starts
-    return torch.where(starts % CHUNK_SIZE == 0, first_race_slot + starts // CHUNK_SIZE, inside)
+    return torch.where(starts % CHUNK_SIZE == 0, race_slot(starts // CHUNK_SIZE),
+                       piece_slot(starts))
 
 
 def piece_masses(shard: Shard, rows: torch.Tensor) -> torch.Tensor:
@@ -99,8 +100,7 @@ def piece_values(shard: Shard, rows: torch.Tensor, piece: torch.Tensor) -> torch
     return pieces[torch.arange(batch, device=rows.device), piece]
 
 
-def race(shard: Shard, rows: torch.Tensor, seed, offset, first_race_slot: int,
-         u_cdf: torch.Tensor) -> torch.Tensor:
+def race(shard: Shard, rows: torch.Tensor, seed, offset, u_cdf: torch.Tensor) -> torch.Tensor:
     """One token from each of the (M, B, width) rows of B requests, drawn over every rank's
     shard: int64 (M, B), -1 where a row has no positive mass on any rank.
 
@@ -110,7 +110,7 @@ def race(shard: Shard, rows: torch.Tensor, seed, offset, first_race_slot: int,
     """
     many, batch, width = rows.shape
     flat = rows.reshape(many * batch, width)
-    u_race = uniforms_at(seed, offset, batch, piece_slots(shard, first_race_slot, rows.device))
+    u_race = uniforms_at(seed, offset, batch, piece_slots(shard, rows.device))
     piece, key = race_winner(piece_masses(shard, flat), -torch.log(u_race.double()).repeat(many, 1))
     starts = piece_starts(shard, rows.device)[piece]
     in_piece = inverse_cdf(piece_values(shard, flat, piece), u_cdf.repeat(many))

@@ -17,13 +17,12 @@ from ..core.sampling.randomness import request_uniforms
 from .shards import Shard, exact_totals, exchanged_values, piece_masses, race, values_at_ids
 
 
-def read_drafts(shard: Shard, draft_probs, draft_token_ids, target_probs, seed, offset,
-                first_race_slot: int):
-    """What both verifications start with: each request's uniforms below its race slots
-    (B, first_race_slot), and (p[d], q[d]) at every draft id (B, N), sanitised, from the rank
+def read_drafts(shard: Shard, draft_probs, draft_token_ids, target_probs, seed, offset):
+    """What both verifications start with: each request's uniforms (B, slots), and (p[d], q[d]) at every draft id (B, N), sanitised, from the rank
     that owns each id (one all_reduce); q is None for one-hot drafts."""
     batch = draft_token_ids.shape[0]
-    uniforms = request_uniforms(seed, offset, batch, first_race_slot)
+    uniforms = request_uniforms(seed, offset, batch,
+                                token_slots.num_slots(draft_token_ids.shape[1], shard.vocab))
     ids = draft_token_ids.long()
     shares = [values_at_ids(shard, target_probs, ids)]
     if draft_probs is not None:
@@ -45,7 +44,7 @@ def token_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
     """chain/token/reference.py on shards: output (B, N + 1) int32, counters added to."""
     num_draft = draft_token_ids.shape[1]
     uniforms, p_d, q_d = read_drafts(shard, draft_probs, draft_token_ids, target_probs, seed,
-                                     offset, token_slots.race_slot(num_draft, 0))
+                                     offset)
     verdict = token_reference.verdict_of(draft_token_ids, shard.vocab, p_d, q_d, uniforms)
 
     # Step 5 on this shard: both candidate rows race, and the residual's token is used where it
@@ -56,9 +55,8 @@ def token_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
     else:
         q_e = sanitize(rows_at(draft_probs, verdict.e.clamp(max=num_draft - 1)))
         residual = (p_e - q_e).clamp_min(0.0)
-    u_cdf = uniforms[:, token_slots.cdf_slot(num_draft)]
-    from_residual, from_p = race(shard, torch.stack([residual, p_e]), seed, offset,
-                                 token_slots.race_slot(num_draft, 0), u_cdf)
+    u_cdf = uniforms[:, token_slots.CDF_SLOT]
+    from_residual, from_p = race(shard, torch.stack([residual, p_e]), seed, offset, u_cdf)
     token = torch.where(verdict.residual_at_e & (from_residual >= 0), from_residual, from_p)
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num,
                          emitted_num)
@@ -69,7 +67,7 @@ def block_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
     """chain/block/reference.py on shards: output (B, N + 1) int32, counters added to."""
     batch, num_draft = draft_token_ids.shape
     uniforms, p_d, q_d = read_drafts(shard, draft_probs, draft_token_ids, target_probs, seed,
-                                     offset, block_slots.race_slot(num_draft, 0))
+                                     offset)
     ids = draft_token_ids.long()
     drafts = block_reference.drafts_of(draft_token_ids, shard.vocab, p_d, q_d, uniforms)
 
@@ -88,10 +86,9 @@ def block_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
                                      drafts)
 
     index = torch.arange(batch, device=rows.device)
-    u_cdf = uniforms[:, block_slots.cdf_slot(num_draft)]
+    u_cdf = uniforms[:, block_slots.CDF_SLOT]
     candidates = torch.stack([rows[index, tau], sanitize(target_probs[index, tau])])
-    from_row, from_p = race(shard, candidates, seed, offset, block_slots.race_slot(num_draft, 0),
-                            u_cdf)
+    from_row, from_p = race(shard, candidates, seed, offset, u_cdf)
     token = torch.where(from_row >= 0, from_row, from_p)  # R_tau without mass: from p_tau
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 

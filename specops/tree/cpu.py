@@ -83,7 +83,7 @@ def _draw_token(draft_probs, target_probs, walk, state, seed, offset) -> torch.T
                                                  _rows(draft_probs, residual, walk.node),
                                                  state.weight[residual])
     u = reference.request_uniforms(seed, offset, batch, slots.slots_per_draw(vocab),
-                                   slots.draw_slot(num_nodes, vocab, 0))
+                                   slots.draw_slot(vocab, 0))
     return _sample(rows, u[:, 1:], u[:, 0])
 
 

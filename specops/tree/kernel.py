@@ -87,7 +87,7 @@ def tree_speculative_sampling_kernel(
     emitted_ptr,  # (B,) int32
     num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_pb, stride_pn, seed_stride, offset_stride, seed_per_request, with_replacement,
-    draw_slots,  # K + 1: draw r's slots start at M + r (K + 1) (slots.py)
+    draw_slots,  # K + 1: draw r's slots start at r (K + 1), node i's coin is K + 2i - 1 (slots.py)
     HAS_DRAFT: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
@@ -150,7 +150,8 @@ def tree_speculative_sampling_kernel(
                     value = tl.where(rejections == 0, px,
                                      tl.maximum(weight.to(tl.float32) * px - qx, 0.0))
                     s = scale * mass
-                    coin = philox_uniform(child, stream, off_lo, off_hi, key_lo, key_hi)
+                    coin = philox_uniform(draw_slots + 2 * child, stream, off_lo, off_hi, key_lo,
+                                          key_hi)  # node child + 1's coin (slots.py)
                     accepted = ~duplicate & ((coin * qx).to(tl.float64) * s < value.to(tl.float64))
                     if accepted:
                         tl.store(out_nodes + depth, child + 1)
@@ -169,7 +170,7 @@ def tree_speculative_sampling_kernel(
                         rejections += 1
                         after = child
                         mass, res_key, res_chunk, p_key, p_chunk = _residual_pass(
-                            row_p, row_q, weight.to(tl.float32), vocab, num_nodes + 1, stream,
+                            row_p, row_q, weight.to(tl.float32), vocab, 1, stream,
                             off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
                         judging = (mass > 0).to(tl.int32)  # no mass: the rest are rejected
         # Rule 6: draw 0 at the node the walk stopped at, from the last residual where it has
@@ -177,10 +178,10 @@ def tree_speculative_sampling_kernel(
         row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
         row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
         if rejections == 0:  # a node without children: p alone
-            p_key, p_chunk = _p_pass(row_p, vocab, num_nodes + 1, stream, off_lo, off_hi, key_lo,
-                                     key_hi, GROUP, CHUNK)
+            p_key, p_chunk = _p_pass(row_p, vocab, 1, stream, off_lo, off_hi, key_lo,
+                                     key_hi, GROUP, CHUNK)  # draw 0's race slots (slots.py)
             res_key = no_race
-        u_cdf = philox_uniform(num_nodes, stream, off_lo, off_hi, key_lo, key_hi)
+        u_cdf = philox_uniform(0, stream, off_lo, off_hi, key_lo, key_hi)  # draw 0's
         # HAS_DRAFT & ...: a boolean, where Triton's interpreter would give a float comparison
         # the type of its operands (race_token broadcasts it into a load mask).
         read_q = HAS_DRAFT & (res_key < float("inf"))
@@ -193,7 +194,7 @@ def tree_speculative_sampling_kernel(
             # Target-only: draw r = depth from this node's target row; the first child carrying
             # the token is taken.
             row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
-            slot0 = num_nodes + depth * draw_slots
+            slot0 = depth * draw_slots
             p_key, p_chunk = _p_pass(row_p, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
                                      key_hi, GROUP, CHUNK)
             u_cdf = philox_uniform(slot0, stream, off_lo, off_hi, key_lo, key_hi)

@@ -213,7 +213,7 @@ def walk_target_only(target_probs, tree: Tree, seed, offset, draw=draws, finishe
         if finished(done):
             break
         u = request_uniforms(seed, offset, batch, slots.slots_per_draw(vocab),
-                             slots.draw_slot(num_nodes, vocab, r))
+                             slots.draw_slot(vocab, r))
         drawn = draw(target_probs, walk.node, u, ~done)
         carries = (tree.parent == walk.node[:, None]) & (tree.token == drawn[:, None])
         child = torch.where(carries, index, num_nodes).amin(dim=1)
@@ -233,8 +233,7 @@ def draw_token(draft_probs, target_probs, walk: Walk, state: Round, seed, offset
     p_rows = sanitize(target_probs[rows, walk.node])
     residual = residual_rows(p_rows, sanitize(draft_probs[rows, walk.node]), state.weight)
     use_residual = (state.rejections > 0) & (state.mass > 0)
-    u = request_uniforms(seed, offset, batch, slots.slots_per_draw(vocab),
-                         slots.draw_slot(num_nodes, vocab, 0))
+    u = request_uniforms(seed, offset, batch, slots.slots_per_draw(vocab), slots.draw_slot(vocab, 0))
     return sample_rows(torch.where(use_residual[:, None], residual, p_rows), u[:, 1:], u[:, 0])
 
 
@@ -270,7 +269,8 @@ def verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset, wi
         walk, token = walk_target_only(target_probs, tree, seed, offset, draw=steps.draw,
                                        finished=steps.finished)
     else:
-        coins = request_uniforms(seed, offset, batch, num_nodes)  # rule 4: slot i - 1, node i
+        coins = request_uniforms(seed, offset, batch, 2 * num_nodes,  # rule 4: node i's coin
+                                 slots.coin_slot(vocab, 1))[:, ::2]
         walk, state = walk_with_drafts(draft_probs, target_probs, tree, coins, with_replacement,
                                        masses=steps.masses, finished=steps.finished)
         token = steps.draw_token(draft_probs, target_probs, walk, state, seed, offset)

@@ -136,7 +136,8 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     p_d = [sanitized(x) for x in target_probs.take(index).tolist()]
     q_d = ([1.0] * num_draft if draft_probs is None
            else [sanitized(x) for x in draft_probs.take(index).tolist()])
-    accepted = [valid[j] and as_float32(u[j] * q_d[j]) < p_d[j] for j in range(num_draft)]
+    coins = u[slots.coin_slots(vocab, num_draft)]
+    accepted = [valid[j] and as_float32(coins[j] * q_d[j]) < p_d[j] for j in range(num_draft)]
     weights = [1.0]
     for j in range(num_draft):
         num = weights[-1] * p_d[j]
@@ -173,7 +174,7 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
         mass = w * row_mass if t >= length else row_mass
         denominator = mass + (1.0 - w)
         h = mass / denominator if denominator > 0 else 1.0
-        if u[slots.stop_slot(num_draft, t)] <= h:
+        if u[slots.stop_slot(vocab, t)] <= h:
             tau = t
 
     # Step 8: one token from R_tau (from p_tau when R_tau has no mass).
@@ -188,8 +189,7 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
         sampled = chunk_mass_lists(row[None])[0]
     token = -1
     if any(m > 0 for m in sampled):
-        token = draw_on_host(row, sampled, u[slots.race_slot(num_draft, 0):],
-                             u[slots.cdf_slot(num_draft)])
+        token = draw_on_host(row, sampled, u[slots.race_slots(vocab)], u[slots.CDF_SLOT])
 
     # Step 9 (adding 0 is no operation).
     if sum(accepted):
@@ -246,10 +246,10 @@ def block_speculative_sampling_cpu(
     empty = (~has_mass).nonzero().squeeze(1)
     if empty.numel():
         sampled[empty] = chunk_masses(sanitize(target_probs[empty, tau[empty]]))
-    u_race = drafts.uniforms[:, slots.race_slot(num_draft, 0):]
+    u_race = drafts.uniforms[:, slots.race_slots(target_probs.shape[2])]
     chunk, key = race_winner(sampled, -torch.log(u_race.double()))
     values = sampled_chunk(draft_probs, target_probs, drafts, tau, chunk, has_mass)
-    token = chunk * CHUNK_SIZE + inverse_cdf(values, drafts.uniforms[:, slots.cdf_slot(num_draft)])
+    token = chunk * CHUNK_SIZE + inverse_cdf(values, drafts.uniforms[:, slots.CDF_SLOT])
     token = torch.where(torch.isfinite(key), token, -1)
     return write_outputs(drafts.ids, tau, token, drafts.accepted, accepted_num, emitted_num)
 

@@ -243,7 +243,7 @@ def block_row_pass_kernel(
 @triton.jit
 def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
             stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
-            off_hi, key_lo, key_hi, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+            off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
             LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Lanes t = 0..N of request b: the draft ids d (-1 past N), whether the draft has ended at t,
     and the alignment counter (token verification's coin at every position, judged alone)."""
@@ -252,7 +252,7 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_dr
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
         LOGITS, DRAFT_LOGITS)
     length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
-    coins = philox_uniform(t, stream, off_lo, off_hi, key_lo, key_hi)
+    coins = philox_uniform(coin_slot0 + 2 * t, stream, off_lo, off_hi, key_lo, key_hi)  # slots.py
     num_accepted = tl.sum((valid & (coins * q_d < p_d)).to(tl.int32), axis=0)
     return d, t >= length, num_accepted
 
@@ -303,7 +303,7 @@ def _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_
     m = tl.where(ended, w * row_mass, row_mass)
     denominator = m + (1.0 - w)
     h = tl.where(denominator > 0, m / tl.where(denominator > 0, denominator, 1.0), 1.0)
-    eta = philox_uniform(stop_slot0 + t, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
+    eta = philox_uniform(stop_slot0 + 2 * t, stream, off_lo, off_hi, key_lo, key_hi)  # t >= 1
     stop = (t >= 1) & is_row & (eta.to(tl.float64) <= h)
     return tl.max(tl.where(stop, t, 0), axis=0)
 
@@ -331,7 +331,7 @@ def block_scan_kernel(
     num_draft, vocab, splits,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
-    stop_slot0,  # eta_t's Philox slot is stop_slot0 + t (slots.py); coin j's is j
+    stop_slot0,  # eta_t's Philox slot is stop_slot0 + 2t, coin j's stop_slot0 + 1 + 2j (slots.py)
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,
 ):
@@ -345,7 +345,7 @@ def block_scan_kernel(
     d, ended, num_accepted = _drafts(
         target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
-        key_lo, key_hi, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+        key_lo, key_hi, stop_slot0 + 1, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)  # coin 0's slot
     w = _weights(target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft,
                  vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
                  HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)

@@ -73,7 +73,7 @@ def block_speculative_sampling_triton(
                 placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
                 target_stats, draft_stats, num_draft, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
-                offset_stride, per_request, slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0)]
+                offset_stride, per_request, slots.CDF_SLOT, slots.race_slot(0)]
     row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
     # The plan's look-up runs before the partials and masses exist: the placeholders have their
     # dtypes.
@@ -94,7 +94,7 @@ def block_speculative_sampling_triton(
         partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
         stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
         emitted_num.stride(0), seed_stride, offset_stride, per_request,
-        slots.stop_slot(num_draft, 0), HAS_DRAFT=has_draft, BLOCK_N=1 << num_draft.bit_length(),
+        slots.stop_slot(vocab, 0), HAS_DRAFT=has_draft, BLOCK_N=1 << num_draft.bit_length(),
         BLOCK_S=MAX_SPLITS, CHUNK=CHUNK_SIZE, LOGITS=logits, DRAFT_LOGITS=draft_logits,
         **SCAN.options)
     return out

@@ -31,6 +31,7 @@ class Drafts(NamedTuple):
     weights: torch.Tensor  # (B, N + 1) float64: w_t, 0 past the draft's end
     accepted: torch.Tensor  # (B, N) bool: position j passes its own coin (the alignment counter)
     uniforms: torch.Tensor  # (B, slots) every uniform of the request (slots.py)
+    etas: torch.Tensor  # (B, N) eta_1..eta_N, the stop coins (a view of uniforms)
 
 
 def read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Drafts:
@@ -46,7 +47,7 @@ def read_drafts(draft_probs, draft_token_ids, target_probs, seed, offset) -> Dra
 
 def drafts_of(draft_token_ids, vocab: int, p_d, q_d, uniforms) -> Drafts:
     """Steps 2-4 from the sanitised values at the draft ids, p_d and q_d (B, N) (q_d None:
-    one-hot drafts), and the request's uniforms (at least its first 2N + 1 slots)."""
+    one-hot drafts), and the request's uniforms (at least its first num_slots)."""
     batch, num_draft = draft_token_ids.shape
 
     # Step 2: the draft ends at its first id outside [0, V); ids are clamped only to gather safely.
@@ -59,7 +60,7 @@ def drafts_of(draft_token_ids, vocab: int, p_d, q_d, uniforms) -> Drafts:
         q_d = torch.ones_like(p_d)
 
     # Step 3: token verification's coin at every position, judged alone (the accepted counter).
-    accepted = valid & (uniforms[:, : num_draft] * q_d < p_d)
+    accepted = valid & (uniforms[:, slots.coin_slots(vocab, num_draft)] * q_d < p_d)
 
     # Step 4: w_0 = 1, w_t = min(1, w_{t-1} p[d] / q[d]) in float64; 0 from the draft's end on.
     weights = [torch.ones(batch, dtype=torch.float64, device=ids.device)]
@@ -68,7 +69,8 @@ def drafts_of(draft_token_ids, vocab: int, p_d, q_d, uniforms) -> Drafts:
         q = q_d[:, j].double()
         w = torch.where(num < q, num / q, (num > 0).double())  # q = 0: 1 if num > 0, else 0
         weights.append(torch.where(ended[:, j], 0.0, w))  # d_j is past the end
-    return Drafts(ids, safe_ids, ended, torch.stack(weights, dim=1), accepted, uniforms)
+    return Drafts(ids, safe_ids, ended, torch.stack(weights, dim=1), accepted, uniforms,
+                  uniforms[:, slots.stop_slots(vocab, num_draft)])
 
 
 def candidate_rows(draft_probs, target_probs, drafts: Drafts, weights: torch.Tensor) -> torch.Tensor:
@@ -118,19 +120,17 @@ def stop_probabilities_of_totals(row_mass: torch.Tensor, drafts: Drafts) -> torc
 def choose_tau(h: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     """Step 7: tau = the largest t in 1..N with eta_t <= h_t, 0 if none: (B,) int64."""
     num_draft = h.shape[1] - 1
-    etas = drafts.uniforms[:, slots.stop_slot(num_draft, 1) : slots.stop_slot(num_draft, num_draft) + 1]
     t = torch.arange(1, num_draft + 1, device=h.device)
-    return torch.where(etas.double() <= h[:, 1:], t, 0).amax(dim=1)
+    return torch.where(drafts.etas.double() <= h[:, 1:], t, 0).amax(dim=1)
 
 
 def sample_at(rows: torch.Tensor, target_probs: torch.Tensor, tau: torch.Tensor,
               drafts: Drafts) -> torch.Tensor:
     """Step 8: one token from R_tau; from p_tau when R_tau has no mass; -1 when p_tau has none."""
     batch, positions, vocab = rows.shape
-    num_draft = positions - 1
     index = torch.arange(batch, device=rows.device)
-    u_cdf = drafts.uniforms[:, slots.cdf_slot(num_draft)]
-    u_race = drafts.uniforms[:, slots.race_slot(num_draft, 0) :]
+    u_cdf = drafts.uniforms[:, slots.CDF_SLOT]
+    u_race = drafts.uniforms[:, slots.race_slots(vocab)]
     row = rows[index, tau]
     has_mass = chunk_masses(row).sum(dim=1) > 0  # as the race sees it: some chunk mass > 0
     row = torch.where(has_mass[:, None], row, sanitize(target_probs[index, tau]))

@@ -142,7 +142,9 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     p = [sanitized(x) for x in target_probs.take(index).tolist()]
     q = ([1.0] * num_draft if draft_probs is None
          else [sanitized(x) for x in draft_probs.take(index).tolist()])
-    accepted = [0 <= ids[j] < vocab and as_float32(u[j] * q[j]) < p[j] for j in range(num_draft)]
+    coins = u[slots.coin_slots(vocab, num_draft)]
+    accepted = [0 <= ids[j] < vocab and as_float32(coins[j] * q[j]) < p[j]
+                for j in range(num_draft)]
     e = accepted.index(False) if False in accepted else num_draft
     residual = e < num_draft and 0 <= ids[e] < vocab
 
@@ -158,8 +160,7 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
         return None
     token = -1  # p_e has no mass either
     if total > 0:
-        token = draw_on_host(row, masses, u[slots.race_slot(num_draft, 0):],
-                             u[slots.cdf_slot(num_draft)])
+        token = draw_on_host(row, masses, u[slots.race_slots(vocab)], u[slots.CDF_SLOT])
 
     # Steps 4 and 6 (adding 0 is no operation).
     num_accepted = sum(accepted)
@@ -205,9 +206,9 @@ def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, 
         rows = reference.sampled_rows(draft_probs, target_probs, verdict)
         sampled = rows, chunk_masses(rows)
     rows, masses = sampled
-    u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
+    u_race = verdict.uniforms[:, slots.race_slots(target_probs.shape[2])]
     chunk, key = race_winner(masses, -torch.log(u_race.double()))
-    u_cdf = verdict.uniforms[:, slots.cdf_slot(num_draft)]
+    u_cdf = verdict.uniforms[:, slots.CDF_SLOT]
     token = chunk * CHUNK_SIZE + token_in_chunk(rows, chunk, u_cdf)
     token = torch.where(torch.isfinite(key), token, -1)
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)

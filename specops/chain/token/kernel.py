@@ -35,8 +35,8 @@ PARTIAL_FIELDS = RACE_FIELDS
 @triton.jit
 def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
-                off_hi, key_lo, key_hi, cdf_slot, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
-                LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+                off_hi, key_lo, key_hi, cdf_slot, coin_slot0, HAS_DRAFT: tl.constexpr,
+                BLOCK_N: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
     whether a valid draft token was rejected at e, that token (-1 when none)). With LOGITS (and
     DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
@@ -44,10 +44,11 @@ def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, nu
         target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
         LOGITS, DRAFT_LOGITS)
-    # Slots 0..BLOCK_N-1 in one Philox call: the coins are slots 0..N-1 (lane j), and the cdf slot
-    # is N (slots.py), so lane cdf_slot holds the inverse-CDF uniform.
-    coins = philox_uniform(j, stream, off_lo, off_hi, key_lo, key_hi)
-    u_cdf = tl.sum(tl.where(j == cdf_slot, coins, 0.0), axis=0)  # exact: one nonzero term
+    # One Philox call: lane j < N draws position j's coin (slot coin_slot0 + 2j, slots.py), lane
+    # N the inverse-CDF uniform.
+    coins = philox_uniform(tl.where(j == num_draft, cdf_slot, coin_slot0 + 2 * j), stream, off_lo,
+                           off_hi, key_lo, key_hi)
+    u_cdf = tl.sum(tl.where(j == num_draft, coins, 0.0), axis=0)  # exact: one nonzero term
     accepted = valid & (coins * q_d < p_d)
     e = tl.min(tl.where(is_draft & ~accepted, j, num_draft), axis=0)
     num_accepted = tl.sum(accepted.to(tl.int32), axis=0)
@@ -144,7 +145,8 @@ def chain_speculative_sampling_kernel(
     d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
         target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
-        key_lo, key_hi, cdf_slot, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+        key_lo, key_hi, cdf_slot, race_slot0 + tl.cdiv(vocab, CHUNK),  # the coins follow the races
+        HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     if program == 0:
         _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
                                    num_draft, stride_acc, stride_emit, BLOCK_N)

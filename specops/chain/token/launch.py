@@ -36,7 +36,7 @@ def block_n(num_draft: int) -> int:
 def _per_shape(num_draft: int, vocab: int) -> tuple[int, int, int, int]:
     """(lanes of the acceptance vector, Philox slot of the inverse-CDF uniform, of chunk 0,
     chunks of a row)."""
-    return (block_n(num_draft), slots.cdf_slot(num_draft), slots.race_slot(num_draft, 0),
+    return (block_n(num_draft), slots.CDF_SLOT, slots.race_slot(0),
             num_chunks(vocab))
 
 

@@ -48,10 +48,10 @@ def verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset,
 
 def verdict_of(draft_token_ids, vocab: int, p_draft, q_draft, uniforms) -> Verdict:
     """Steps 2-4 from the sanitised values at the draft ids, p_draft and q_draft (B, N) (q_draft
-    None: one-hot drafts), and the request's uniforms (at least its first N + 1 slots)."""
+    None: one-hot drafts), and the request's uniforms (at least its first num_slots)."""
     batch, num_draft = draft_token_ids.shape
     device = draft_token_ids.device
-    coins = uniforms[:, :num_draft]  # step 1
+    coins = uniforms[:, slots.coin_slots(vocab, num_draft)]  # step 1
 
     # Step 2: ids outside [0, V) end the draft; clamped only to make the gathers safe.
     ids = draft_token_ids.long()
@@ -103,9 +103,8 @@ def chain_speculative_sampling_reference(
     """Returns output_token_ids (B, N+1) int32 and adds to accepted_num / emitted_num in place."""
     verdict = verify_drafts(draft_probs, draft_token_ids, target_probs, seed, offset)
     rows = sampled_rows(draft_probs, target_probs, verdict)
-    num_draft = draft_token_ids.shape[1]
-    u_cdf = verdict.uniforms[:, slots.cdf_slot(num_draft)]
-    u_race = verdict.uniforms[:, slots.race_slot(num_draft, 0):]
+    u_cdf = verdict.uniforms[:, slots.CDF_SLOT]
+    u_race = verdict.uniforms[:, slots.race_slots(target_probs.shape[2])]
     token = sample_rows(rows, u_race, u_cdf)  # -1 when p_e has no mass either
     # Steps 4 and 6: the accepted prefix, the token, then -1; the counters.
     return write_outputs(verdict.ids, verdict.e, token, verdict.accepted, accepted_num, emitted_num)
