@@ -159,6 +159,13 @@ def probabilities_cases(rank, layout, vocab, padded_to, group=None, prefix=""):
                     target_pad[..., start:end], seed=seed, offset=3,
                     verification=verification, vocab_start=start, vocab_size=vocab, group=group)
                 results[f"{prefix}{verification} one_hot={one_hot} {seed_name}"] = (ours, single)
+        # No drafts: one token from the single row.
+        single = specops.chain_speculative_sampling(draft[:, :0], ids[:, :0], target[:, :1],
+                                                    seed=11, offset=3, verification=verification)
+        ours = sd.chain_speculative_sampling(
+            draft_pad[:, :0, start:end], ids[:, :0], target_pad[:, :1, start:end], seed=11,
+            offset=3, verification=verification, vocab_start=start, vocab_size=vocab, group=group)
+        results[f"{prefix}{verification} no drafts"] = (ours, single)
     return results
 
 

@@ -31,7 +31,8 @@ ROW_SPECS = ([(prob, draft, True, "i64") for prob in PROB_DTYPES for draft in (T
              + [(prob, draft, True, "i64", True, draft_logits) for prob in PROB_DTYPES
                 for draft, draft_logits in ((True, False), (True, True), (False, False))])
 SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16), ("bf16", False, 16),
-              ("fp32", True, 32), ("bf16", True, 8, True), ("fp16", True, 16, True)]
+              ("fp32", True, 32), ("bf16", True, 8, True), ("fp16", True, 16, True),
+              ("fp32", True, 1)]  # N = 0: one lane
 
 WORKER = r'''
 import json, sys

@@ -291,3 +291,46 @@ def test_rows_past_2_31_elements(dtype):
     out, accepted, emitted = specops.chain_speculative_sampling(draft, ids, target, seed=3)
     assert out[last].tolist() == [5, token] + [-1] * (num_draft - 1)
     assert accepted[last] == 1 and emitted[last] == 1
+
+
+@pytest.mark.parametrize("batch", [1, 4], ids=["one request", "a batch"])
+@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("drafts", ["probs", "one-hot", "logits", "draft logits"])
+def test_no_drafts_give_one_token_from_the_single_row(drafts, verification, batch):
+    """N = 0 (an engine's step where a request has no drafts): one token from the single row,
+    counters unchanged; the very tokens of a call with one draft of -1 (width invariance), from
+    the public function and from the reference."""
+    from specops.chain.block.reference import block_speculative_sampling_reference
+    from specops.chain.token.reference import chain_speculative_sampling_reference
+
+    vocab = 1500
+    g = torch.Generator().manual_seed(batch)
+    logits = torch.randn(batch, 1, vocab, generator=g) * 3
+    draft_logits = torch.randn(batch, 0, vocab, generator=g)
+    ids = torch.empty(batch, 0, dtype=torch.int64)
+    one = torch.full((batch, 1), -1, dtype=torch.int64)
+    extra = torch.rand(batch, 1, vocab, generator=g)
+    if drafts in ("logits", "draft logits"):
+        def call(ids, target, draft):
+            return specops.chain_speculative_sampling_from_logits(
+                None if drafts == "draft logits" else draft.softmax(-1), ids, target,
+                draft_logits=draft if drafts == "draft logits" else None, top_p=0.9,
+                seed=5, offset=1, verification=verification)
+        none, padded = call(ids, logits, draft_logits), call(one, torch.cat([logits, extra], 1), extra)
+    else:
+        draft = None if drafts == "one-hot" else draft_logits.softmax(-1)
+        wide_draft = None if drafts == "one-hot" else extra
+        target = logits.softmax(-1)
+        none = specops.chain_speculative_sampling(draft, ids, target, seed=5, offset=1,
+                                                  verification=verification)
+        padded = specops.chain_speculative_sampling(wide_draft, one, torch.cat([target, extra], 1),
+                                                    seed=5, offset=1, verification=verification)
+        reference = (chain_speculative_sampling_reference if verification == "token"
+                     else block_speculative_sampling_reference)
+        acc, emit = torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)
+        plain = reference(draft, ids, target, acc, emit, torch.tensor([5]), torch.tensor([1]))
+        assert torch.equal(plain, none[0]) and not acc.any() and not emit.any()
+    out, accepted, emitted = none
+    assert out.shape == (batch, 1) and (out >= 0).all() and (out < vocab).all()
+    assert not accepted.any() and not emitted.any()
+    assert torch.equal(out[:, 0], padded[0][:, 0]) and (padded[0][:, 1] == -1).all()

@@ -123,3 +123,19 @@ def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
     greedy = (each(t) == 0) & valid.any(-1)
     assert torch.equal(index[greedy].long(), expected[greedy].argmax(-1))
     assert torch.equal(mode == 0, ~valid.any(-1))
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("draft_mode", ["probs", "logits", None])
+def test_no_drafts_match_reference(verification, draft_mode):
+    """N = 0 from logits (every parameter mix, greedy rows among them): the kernels draw the
+    single row's token as the reference does, and leave the counters as they are."""
+    g = torch.Generator().manual_seed(4)
+    target = (torch.randn(6, 1, 300, generator=g) * 3).to(DEVICE)
+    draft = torch.randn(6, 0, 300, generator=g).to(DEVICE)
+    ids = torch.empty(6, 0, dtype=torch.int64, device=DEVICE)
+    seed, offset = seeds(6, True)
+    (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
+        draft_mode, target, draft, ids, parameters(6, True), seed, offset, verification)
+    assert out_k.shape == (6, 1) and (out_k >= 0).all()
+    assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)

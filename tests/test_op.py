@@ -64,6 +64,16 @@ def test_opcheck_empty_batch():
     torch.library.opcheck(OP, (q, d, p, acc, emit, torch.tensor([1]), torch.tensor([0]), True))
 
 
+@pytest.mark.parametrize("op", [OP, torch.ops.specops.chain_block_speculative_sampling])
+def test_opcheck_no_drafts(op):
+    """N = 0: a (B, 1) output from the single row; the fake agrees on shape and dtype."""
+    q, d, p = make_inputs(3, 0, 40)
+    acc, emit = counters(3)
+    torch.library.opcheck(op, (q, d, p, acc, emit, torch.tensor([1]), torch.tensor([0]), True))
+    torch.library.opcheck(op, (None, d, p, acc, emit, torch.tensor([1, 2, 3]), torch.tensor([0]),
+                               True))
+
+
 class TestExpected(expecttest.TestCase):
     def test_schema(self):
         self.assertExpectedInline(

@@ -206,3 +206,13 @@ def test_chi_square_distribution():
     # Acceptance rate of position 0 is sum(min(p, q)) (binomial, 5 sigma).
     rate = float(torch.minimum(p[0], q[0]).sum())
     assert abs(float(acc.sum()) - batch * rate) < 5 * math.sqrt(batch * rate * (1 - rate))
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_no_drafts_match_reference(draft):
+    """N = 0: one token from the single row (two chunks), the counters as they were."""
+    draft_probs, ids, target = make_inputs(5, 0, 1500, draft=draft, seed=3)
+    seed, offset = seeds(5, per_request=True)
+    results = run_both(draft_probs, ids, target, seed, offset)
+    assert_same(results)
+    assert results[1][0].shape == (5, 1) and (results[1][0] >= 0).all()

@@ -89,7 +89,7 @@ def check_arguments(
         batch = shape[0]
         counters_ok = ((accepted_num.is_contiguous() or accepted_num.stride(0) != 0)
                        and (emitted_num.is_contiguous() or emitted_num.stride(0) != 0))
-        ok = (len(shape) == 3 and shape[1] >= 2 and shape[2] >= 1
+        ok = (len(shape) == 3 and shape[1] >= 1 and shape[2] >= 1
               and target_probs.dtype in PROB_DTYPES
               and draft_token_ids.shape == (batch, shape[1] - 1)
               and draft_token_ids.dtype in INDEX_DTYPES and draft_token_ids.device == device
@@ -126,10 +126,10 @@ def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_nu
         raise dtype_error(names.target_probs, target_probs, PROB_DTYPES)
     batch, n_plus_one, vocab = target_probs.shape
     device = target_probs.device
-    if n_plus_one < 2:
+    if n_plus_one < 1:
         raise ValueError(
-            f"{names.target_probs} must have num_speculate_tokens + 1 >= 2 positions; "
-            f"got shape {shape(target_probs)}"
+            f"{names.target_probs} must have num_speculate_tokens + 1 >= 1 positions (0 drafts: "
+            f"one token from the single row); got shape {shape(target_probs)}"
         )
     if vocab < 1:
         raise ValueError(

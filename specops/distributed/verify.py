@@ -50,7 +50,7 @@ def token_verification(shard: Shard, draft_probs, draft_token_ids, target_probs,
     # Step 5 on this shard: both candidate rows race, and the residual's token is used where it
     # is wanted and has mass on some rank (the single-device rule, asked of every rank at once).
     p_e = sanitize(rows_at(target_probs, verdict.e))
-    if draft_probs is None:
+    if draft_probs is None or not num_draft:  # one-hot drafts (or none at all)
         residual = without_draft_token(shard, p_e, verdict.d_e)
     else:
         q_e = sanitize(rows_at(draft_probs, verdict.e.clamp(max=num_draft - 1)))

@@ -105,6 +105,8 @@ def sampled_chunk(draft_probs, target_probs, drafts: reference.Drafts, tau: torc
     batch, num_draft = drafts.ids.shape
     request = torch.arange(batch)
     p, index = chunk_at(target_probs, tau, chunk)
+    if not num_draft:  # no draft runs: R_0 = p_0
+        return p
     running = ~drafts.ended[request, tau]
     w = torch.where(running, drafts.weights[request, tau].float(), 1.0)[:, None]
     draft_at = tau.clamp(max=num_draft - 1)  # q_N = 0 and no draft runs at N
@@ -233,10 +235,12 @@ def block_speculative_sampling_cpu(
     # R_0, for the requests that keep no draft (h_0 is never used, so only these need it).
     zero = (tau == 0).nonzero().squeeze(1)
     if zero.numel():
-        q = draft_probs[:, 0].index_select(0, zero) if draft_probs is not None else None
+        q = draft_probs[:, 0].index_select(0, zero) if draft_probs is not None and num_draft \
+            else None
         p = target_probs[:, 0].index_select(0, zero)
-        row = candidate_row(p, q, drafts.weights[zero, 0], running[zero, 0],
-                            drafts.safe_ids[zero, 0], out[: zero.numel()])
+        ids = drafts.safe_ids[zero, 0] if num_draft else torch.zeros_like(zero)  # none runs
+        row = candidate_row(p, q, drafts.weights[zero, 0], running[zero, 0], ids,
+                            out[: zero.numel()])
         masses[zero, 0] = chunk_masses(row)
 
     # Step 8: the race over R_tau's chunk masses, or p_tau's where R_tau has none.

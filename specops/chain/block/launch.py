@@ -46,6 +46,8 @@ def block_speculative_sampling_triton(
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
+    if not num_draft:  # no draft row exists: read none (an empty tensor's pointer is no row)
+        draft_probs = draft_stats = None
     has_draft = draft_probs is not None
     if target_probs.stride(2) != 1:  # the row pass needs unit vocabulary stride (16-byte loads)
         target_probs = target_probs.contiguous()

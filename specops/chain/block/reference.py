@@ -119,9 +119,9 @@ def stop_probabilities_of_totals(row_mass: torch.Tensor, drafts: Drafts) -> torc
 
 def choose_tau(h: torch.Tensor, drafts: Drafts) -> torch.Tensor:
     """Step 7: tau = the largest t in 1..N with eta_t <= h_t, 0 if none: (B,) int64."""
-    num_draft = h.shape[1] - 1
-    t = torch.arange(1, num_draft + 1, device=h.device)
-    return torch.where(drafts.etas.double() <= h[:, 1:], t, 0).amax(dim=1)
+    stops = torch.nn.functional.pad(drafts.etas.double() <= h[:, 1:], (1, 0), value=True)  # t = 0
+    t = torch.arange(h.shape[1], device=h.device)
+    return torch.where(stops, t, 0).amax(dim=1)
 
 
 def sample_at(rows: torch.Tensor, target_probs: torch.Tensor, tau: torch.Tensor,

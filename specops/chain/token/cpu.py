@@ -82,7 +82,7 @@ def sampled_rows_fast(draft_probs, target_probs, verdict: reference.Verdict):
     shows in the chunk masses, and p_e's rows are added to -w q_e where they lie.
     """
     e, use_residual = verdict.e, verdict.residual_at_e
-    if draft_probs is None:
+    if draft_probs is None or not draft_probs.shape[1]:  # one-hot drafts (or none at all)
         rows = gather_rows(target_probs, e).clamp_min_(0.0)
         rows[torch.arange(rows.shape[0]), verdict.d_e] *= ~use_residual
     else:
@@ -137,11 +137,13 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     # Steps 2-3. Position j's values sit at flat index j * V + d_j of the (1, M, V) rows (an array
     # becomes a tensor faster than a list). The coin times q is exact in float64 (two 24-bit
     # significands), so rounding it once gives float32's product.
-    index = torch.frombuffer(array("q", [j * vocab + d for j, d in enumerate(safe_ids)]),
-                             dtype=torch.int64)
-    p = [sanitized(x) for x in target_probs.take(index).tolist()]
-    q = ([1.0] * num_draft if draft_probs is None
-         else [sanitized(x) for x in draft_probs.take(index).tolist()])
+    p, q = [], []  # no drafts: nothing to judge
+    if num_draft:
+        index = torch.frombuffer(array("q", [j * vocab + d for j, d in enumerate(safe_ids)]),
+                                 dtype=torch.int64)
+        p = [sanitized(x) for x in target_probs.take(index).tolist()]
+        q = ([1.0] * num_draft if draft_probs is None
+             else [sanitized(x) for x in draft_probs.take(index).tolist()])
     coins = u[slots.coin_slots(vocab, num_draft)]
     accepted = [0 <= ids[j] < vocab and as_float32(coins[j] * q[j]) < p[j]
                 for j in range(num_draft)]
@@ -149,7 +151,7 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     residual = e < num_draft and 0 <= ids[e] < vocab
 
     # Step 5, where the plain path is not needed.
-    row = one_row(draft_probs, target_probs, e, residual, safe_ids[min(e, num_draft - 1)])
+    row = one_row(draft_probs, target_probs, e, residual, safe_ids[e] if residual else -1)
     if row is None:
         return None
     masses = chunk_mass_list(row)

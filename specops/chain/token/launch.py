@@ -63,6 +63,8 @@ def chain_speculative_sampling_triton(
     """
     batch, num_draft = draft_token_ids.shape
     vocab = target_probs.shape[2]
+    if not num_draft:  # no draft row exists: read none (an empty tensor's pointer is no row)
+        draft_probs = draft_stats = None
     has_draft = draft_probs is not None
     # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
     stride_tb, stride_tn, stride_tv = target_probs.stride()

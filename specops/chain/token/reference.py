@@ -63,14 +63,14 @@ def verdict_of(draft_token_ids, vocab: int, p_draft, q_draft, uniforms) -> Verdi
         q_draft = torch.ones_like(p_draft)
     accepted = valid & (coins * q_draft < p_draft)
 
-    # Step 4: e = the first position not accepted (N when all are).
-    position = torch.arange(num_draft, device=device)
-    e = torch.where(accepted, num_draft, position).amin(dim=1)
+    # Step 4: e = the first position not accepted (N when all are; 0 without drafts).
+    e = accepted.long().cumprod(dim=1).sum(dim=1)
 
+    # Position N holds no draft: a valid draft was rejected at e only where e < N.
     rows = torch.arange(batch, device=device)
-    e_draft = e.clamp(max=num_draft - 1)
-    residual_at_e = (e < num_draft) & valid[rows, e_draft]
-    return Verdict(ids, accepted, e, residual_at_e, safe_ids[rows, e_draft], uniforms)
+    residual_at_e = torch.nn.functional.pad(valid, (0, 1), value=False)[rows, e]
+    d_e = torch.nn.functional.pad(safe_ids, (0, 1))[rows, e]
+    return Verdict(ids, accepted, e, residual_at_e, d_e, uniforms)
 
 
 def sampled_rows(draft_probs, target_probs, verdict: Verdict) -> torch.Tensor:
@@ -81,7 +81,7 @@ def sampled_rows(draft_probs, target_probs, verdict: Verdict) -> torch.Tensor:
     """
     e, use_residual = verdict.e, verdict.residual_at_e
     p_e = sanitize(rows_at(target_probs, e))
-    if draft_probs is None:  # q_e is one-hot at d_e: the residual is p_e with d_e removed
+    if draft_probs is None or not draft_probs.shape[1]:  # q_e one-hot at d_e (or no drafts)
         at_d_e = torch.nn.functional.one_hot(verdict.d_e, p_e.shape[1]).bool()
         residual = p_e.masked_fill(at_d_e, 0.0)
     else:
