@@ -10,10 +10,11 @@ token and block verification, ``tree/`` tree verification); docs/internals/contr
 """
 
 from .api import (chain_speculative_sampling, chain_speculative_sampling_from_logits,
-                  tree_speculative_sampling)
+                  tree_speculative_sampling, tree_speculative_sampling_from_logits)
 from .warmup import warmup
 from .core.sampling.race import CHUNK_SIZE
 
 __all__ = ["chain_speculative_sampling", "chain_speculative_sampling_from_logits",
-           "tree_speculative_sampling", "warmup", "CHUNK_SIZE"]
+           "tree_speculative_sampling", "tree_speculative_sampling_from_logits", "warmup",
+           "CHUNK_SIZE"]
 __version__ = "0.1.0"

@@ -22,7 +22,7 @@ from .chain.token import op as _op
 from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
-from .tree import arguments as _tree_arguments
+from .tree import arguments as _tree_arguments, from_logits as _tree_from_logits
 from .tree import op as _tree_op
 
 # The names errors give the arguments: the ones this function's caller used.
@@ -217,3 +217,55 @@ def tree_speculative_sampling(
                                     offset_t, with_replacement)
     return _tree_op.tree_speculative_sampling_op(draft_probs, draft_token_ids, parents,
                                                  target_probs, seed_t, offset_t, with_replacement)
+
+
+def tree_speculative_sampling_from_logits(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    target_logits: torch.Tensor,
+    *,
+    temperature: Number = 1.0,
+    top_k: Number = None,
+    top_p: Number = None,
+    min_p: Number = None,
+    draft_logits: Optional[torch.Tensor] = None,
+    with_replacement: bool = True,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Speculative sampling over a tree of drafts against the distributions each request's
+    sampling parameters make of the target's logits: the rule of
+    ``chain_speculative_sampling_from_logits`` (docs/semantics.md, "Verification from logits")
+    on every row, then the rules of ``tree_speculative_sampling`` (docs/tree.md). At temperature
+    0 every row is one-hot at its largest logit: the walk keeps the path of the target's argmaxes
+    as far as the tree holds it.
+
+    Args:
+        draft_probs: (B, M + 1, V) float32/float16/bfloat16 draft probabilities, as in
+            ``tree_speculative_sampling``; or None: from ``draft_logits`` processed with the same
+            parameters, or, when that is None too, target-only verification.
+        draft_token_ids, parents: (B, M) as in ``tree_speculative_sampling``.
+        target_logits: (B, M + 1, V) float32/float16/bfloat16: row i is the target's logits after
+            the path to node i; NaN and infinite logits count as -inf.
+        temperature, top_k, top_p, min_p: as in ``chain_speculative_sampling_from_logits``.
+        draft_logits: (B, M + 1, V) the draft's logits, of target_logits' dtype, instead of
+            draft_probs.
+        with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
+
+    Returns:
+        (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), all int32, as
+        ``tree_speculative_sampling``.
+    """
+    require_tensor("target_logits", target_logits)
+    device = target_logits.device
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+    parameters = {name: _params.as_parameter(name, value, device)
+                  for name, value in (("temperature", temperature), ("top_k", top_k),
+                                      ("top_p", top_p), ("min_p", min_p))}
+    _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
+                            seed_t, offset_t, *parameters.values(), with_replacement)
+    return _tree_op.tree_speculative_sampling_from_logits_op(
+        draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
+        *parameters.values(), with_replacement)

@@ -49,8 +49,9 @@ def warmup(
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use),
     False for ``chain_speculative_sampling``.  For "tree", ``num_draft`` is the number of nodes M
     (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
-    of the node tokens and parents, and neither ``counter_dtype`` nor ``logits`` applies
-    (``with_replacement`` selects no kernel).  Each argument may be one value or several; every
+    of the node tokens and parents, ``logits`` True for ``tree_speculative_sampling_from_logits``,
+    and ``counter_dtype`` does not apply (``with_replacement`` selects no kernel). ``num_draft`` 0
+    (a step without drafts) is a chain length of its own.  Each argument may be one value or several; every
     combination is loaded.  Returns the number of combinations.
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
@@ -59,7 +60,7 @@ def warmup(
     from .core.ops.backends import selected_backend
 
     vocab = _count("vocab", vocab)
-    num_drafts = sorted({_count("num_draft", n) for n in _choices(num_draft, int)})
+    num_drafts = sorted({_count("num_draft", n, least=0) for n in _choices(num_draft, int)})
     dtypes = _members("dtype", _choices(dtype, torch.dtype), PROB_DTYPES)
     has_drafts = _members("draft_probs", _choices(draft_probs, bool), (True, False))
     ids_dtypes = _members("ids_dtype", _choices(ids_dtype, torch.dtype), INDEX_DTYPES)
@@ -72,7 +73,8 @@ def warmup(
         return 0
     from .chain.block import launch as block
     from .chain.token import launch as token
-    from .tree.launch import tree_speculative_sampling_triton
+    from .tree.launch import (tree_speculative_sampling_from_logits_triton,
+                              tree_speculative_sampling_triton)
 
     launchers = {("token", False): token.chain_speculative_sampling_triton,
                  ("block", False): block.block_speculative_sampling_triton,
@@ -108,24 +110,33 @@ def warmup(
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs)
                 count += 1
-        if "tree" in modes:  # no counters and no logits; parents of their own dtype
-            for dt, n, has_draft, ids_dt, parents_dt in itertools.product(
-                    dtypes, num_drafts, has_drafts, ids_dtypes, parents_dtypes):
-                target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
-                # A row per node and the root.
-                draft = torch.zeros_like(target) if has_draft else None
-                ids = torch.zeros(1, n, dtype=ids_dt, device=device)
-                parents = torch.zeros(1, n, dtype=parents_dt, device=device)
-                seed = torch.zeros(2, dtype=torch.int64, device=device)
-                tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1], seed[1:])
-                count += 1
+        if "tree" in modes:  # no counters; parents of their own dtype; at least one node
+            for logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+                    from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,
+                    parents_dtypes):
+                for source in sources[has_draft, logit]:
+                    target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+                    # A row per node and the root.
+                    draft = torch.zeros_like(target) if source else None
+                    ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+                    parents = torch.zeros(1, n, dtype=parents_dt, device=device)
+                    seed = torch.zeros(2, dtype=torch.int64, device=device)
+                    if logit:  # the statistics, the processed rows, the float32 tree kernel
+                        tree_speculative_sampling_from_logits_triton(
+                            draft if source == "probs" else None, ids, parents, target,
+                            draft if source == "logits" else None, seed[:1], seed[1:],
+                            *parameters)
+                    else:
+                        tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1],
+                                                         seed[1:])
+                    count += 1
         return count
 
 
-def _count(name: str, value) -> int:
-    """A positive int, or a clear error naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
+def _count(name: str, value, least: int = 1) -> int:
+    """An int of at least ``least``, or a clear error naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}; got {value!r}")
     return value
 
 

@@ -293,6 +293,17 @@ def compile_statistics(prob):
                               STATISTICS.options)
 
 
+def compile_processed_rows(prob):
+    """The pass that writes processed rows of logits (trees from logits) as its launcher
+    specialises it."""
+    from specops.core.logits.launch import PROCESSED
+    from specops.core.logits.triton import processed_rows_kernel
+
+    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "out_ptr": "*fp32"}
+    return compile_for_hopper(processed_rows_kernel, types, {"CHUNK": CHUNK}, True,
+                              PROCESSED.options)
+
+
 def statistics_budget(prob: str, kernel=None) -> list[dict]:
     """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
     mass passes: every pass reads the row once), as ``budget``'s rows."""

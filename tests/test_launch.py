@@ -124,8 +124,16 @@ def call(draft, ids, target, acc, emit, **kwargs):
         batch, n = ids.shape
         if draft is not None:
             draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
-        specops.tree_speculative_sampling(draft, ids, torch.arange(n).expand(batch, n), target,
-                                          with_replacement=batch % 2 == 0, **kwargs)
+        parents = torch.arange(n).expand(batch, n)
+        if not logits:
+            specops.tree_speculative_sampling(draft, ids, parents, target,
+                                              with_replacement=batch % 2 == 0, **kwargs)
+            return
+        for source in (("probs", "logits") if draft is not None else (None,)):
+            specops.tree_speculative_sampling_from_logits(
+                draft if source == "probs" else None, ids, parents, target, temperature=0.7,
+                top_k=5, top_p=0.9, min_p=0.01, draft_logits=draft if source == "logits" else None,
+                with_replacement=batch % 2 == 0, **kwargs)
         return
     if not logits:
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
@@ -183,7 +191,7 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
 @pytest.mark.parametrize("first,verification,logits", [
     ("warmup", "token", "probs"), ("one call", "token", "probs"), ("warmup", "block", "probs"),
     ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
-    ("warmup", "tree", "probs"), ("one call", "tree", "probs"),
+    ("warmup", "tree", "probs"), ("one call", "tree", "probs"), ("warmup", "tree", "logits"),
 ])
 def test_nothing_compiles_after_warm_up(first, verification, logits):
     result = run_standin(NO_NEW_KERNELS, first, verification, logits)
@@ -191,9 +199,10 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     # kernel, each with and without draft_probs. From logits, token: the row statistics kernel,
     # and the main kernel reading logits with drafts from probabilities, from logits and neither;
     # block: the statistics kernel, and the row pass and the scan for each source of drafts.
-    # Tree: its one kernel, with and without draft_probs.
+    # Tree: its one kernel, with and without draft_probs; from logits, the statistics kernel, the
+    # pass that writes the processed rows, and the float32 tree kernel with and without drafts.
     expected = {("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 4,
-                ("block", "logits"): 7, ("tree", "probs"): 2}
+                ("block", "logits"): 7, ("tree", "probs"): 2, ("tree", "logits"): 4}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result

@@ -11,7 +11,7 @@
 * core/sampling/ (the math the rest builds on) imports only itself;
 * a reference imports torch, the standard library and, directly or through others, only the
   sampling math in torch (core/sampling/, not its Triton twins), the plain rule of logits
-  (core/logits/rule.py), its family's plain steps (chain/drafts.py, outputs.py, processed.py) and its own slots: no op, backend or
+  (core/logits/rule.py), its family's plain steps (chain/drafts.py, outputs.py, processed.py; tree/processed.py) and its own slots: no op, backend or
   launch code;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
@@ -123,7 +123,7 @@ REFERENCE_MAY_IMPORT = ("specops.core.sampling.probs", "specops.core.sampling.ra
                         "specops.core.sampling.randomness", "specops.core.sampling.slots",
                         "specops.core.sampling.sums",
                         "specops.core.logits.rule", "specops.chain.drafts", "specops.chain.outputs",
-                        "specops.chain.processed")
+                        "specops.chain.processed", "specops.tree.processed")
 
 
 def imported_through(name: str) -> set[str]:

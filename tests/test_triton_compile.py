@@ -119,6 +119,7 @@ for prob in ("fp32", "fp16", "bf16"):
     found = sass.compile_report(kernel)
     found["budget"] = sass.statistics_budget(prob, kernel)
     out[prob] = found
+    out[prob + " processed rows"] = sass.compile_report(sass.compile_processed_rows(prob))
 print(json.dumps(out))
 '''
 
@@ -128,7 +129,7 @@ def test_statistics_kernel_compiles_without_spills_within_the_budget():
     its passes over a row (the peak, the counts of top-k's bisection, the masses of top-p's and
     the last one) issue-bound above the goal in every dtype."""
     out = run_worker(STATISTICS_WORKER)
-    for prob, report in out.items():
+    for prob, report in out.items():  # and the pass that writes processed rows (trees)
         assert_no_spills(report, prob)
     # 3 dtypes x (peak, 2 count passes, 3 mass passes: each pass inlined where it is called)
     assert_issue_bounds([row for report in out.values() for row in report.get("budget", [])],

@@ -4,17 +4,7 @@ logits") for the chain references and CPU backends. No op plumbing: the referenc
 
 from __future__ import annotations
 
-import torch
-
 from ..core.logits import rule as params
-
-
-def per_row(value: torch.Tensor, batch: int, positions: int) -> torch.Tensor:
-    """A parameter of 1 or B values (one per request) as one value per row of the requests'
-    (B, positions, V) rows, flattened: (B * positions,)."""
-    if batch == 1:  # one request: its value for every row, as a view
-        return value.expand(positions)
-    return value.expand(batch).repeat_interleave(positions)
 
 
 def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_k, top_p, min_p,
@@ -25,12 +15,7 @@ def processed_inputs(draft_probs, target_logits, draft_logits, temperature, top_
     one-hot drafts)."""
 
     def processed(logits):
-        batch, positions, vocab = logits.shape
-        rows = process(
-            logits.reshape(batch * positions, vocab), per_row(temperature, batch, positions),
-            per_row(top_k, batch, positions), per_row(top_p, batch, positions),
-            per_row(min_p, batch, positions))
-        return rows.reshape(batch, positions, vocab)
+        return params.processed_requests(logits, temperature, top_k, top_p, min_p, process)
 
     target_probs = processed(target_logits)
     if draft_logits is not None:

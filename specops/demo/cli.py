@@ -13,8 +13,10 @@ CPU, where compiling these small steps makes them slower):
 With ``--tree WIDTHxDEPTH`` the speculative loop proposes a full tree instead (every node WIDTH
 children, DEPTH levels; the children drawn from the draft model, with or without replacement, or
 its top-k, verified target-only: ``--tree-children``), specops.tree_speculative_sampling verifies
-it, and the chain of the same depth runs too, for comparison. The tree op verifies probabilities,
-not logits, so the sampling parameters keep their defaults with ``--tree``.
+it, and the chain of the same depth runs too, for comparison. The comparison is on the models'
+probabilities as they are, so the sampling parameters keep their defaults with ``--tree``
+(specops.tree_speculative_sampling_from_logits takes them; children drawn without replacement
+from a truncated draft row would need more care than a demo gives them).
 
 It prints characters per target call (the gain of speculative decoding, whatever a target call
 costs) and a measured check of the lossless guarantee: the characters the speculative loop
@@ -488,7 +490,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min-p", type=parameter_arg("a number", float, 0, 1), default=0.0,
                         help="keep the characters of probability >= min-p times the largest; 0 is off")
     args = parser.parse_args(argv)
-    # The tree op verifies probabilities; there is no tree verification from logits to take them.
+    # The tree comparison runs on the models' probabilities as they are (module docstring).
     given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
              if getattr(args, name) != parser.get_default(name)]
     if args.tree is not None and given:

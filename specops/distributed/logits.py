@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.logits import rule as params
-from ..chain.processed import per_row
+from ..core.logits.rule import per_row
 from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
 

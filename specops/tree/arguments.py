@@ -18,13 +18,10 @@ PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _device_error(name: str, t: torch.Tensor, device: torch.device) -> ValueError:
-    return device_error(name, t, device, "target_probs")
-
-
 def check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-                    with_replacement) -> None:
-    """Raise ValueError (shapes, devices) or TypeError (types, dtypes) naming the argument."""
+                    with_replacement, target_name: str = "target_probs") -> None:
+    """Raise ValueError (shapes, devices) or TypeError (types, dtypes) naming the argument
+    (``target_name``: what the caller calls target_probs, e.g. target_logits)."""
     try:
         size = target_probs.shape
         device = target_probs.device
@@ -48,50 +45,50 @@ def check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, o
         ok = False
     if not ok:
         _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-                             with_replacement)
+                             with_replacement, target_name)
 
 
 def _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-                         with_replacement) -> None:
+                         with_replacement, target: str) -> None:
     """The slow path of check_arguments: find the first problem and raise its error."""
-    require_tensor("target_probs", target_probs)
+    require_tensor(target, target_probs)
     if target_probs.dim() != 3:
         raise ValueError(
-            "target_probs must have shape (batch_size, num_nodes + 1, vocab_size); got "
+            f"{target} must have shape (batch_size, num_nodes + 1, vocab_size); got "
             f"{target_probs.dim()}-D shape {shape(target_probs)}")
     if target_probs.dtype not in PROB_DTYPES:
-        raise dtype_error("target_probs", target_probs, PROB_DTYPES)
+        raise dtype_error(target, target_probs, PROB_DTYPES)
     batch, rows, vocab = target_probs.shape
     device = target_probs.device
     if rows < 2:
-        raise ValueError("target_probs must have num_nodes + 1 >= 2 rows (the root's and one "
+        raise ValueError(f"{target} must have num_nodes + 1 >= 2 rows (the root's and one "
                          f"node's); got shape {shape(target_probs)}")
     if vocab < 1:
         raise ValueError(
-            f"target_probs must have vocab_size >= 1; got shape {shape(target_probs)}")
+            f"{target} must have vocab_size >= 1; got shape {shape(target_probs)}")
     nodes = (batch, rows - 1)
     for name, t in (("draft_token_ids", draft_token_ids), ("parents", parents)):
         require_tensor(name, t)
         if tuple(t.shape) != nodes:
             raise ValueError(
-                f"{name} must have shape (batch_size, num_nodes) = {nodes} to match target_probs "
+                f"{name} must have shape (batch_size, num_nodes) = {nodes} to match {target} "
                 f"{shape(target_probs)} (num_nodes + 1 rows); got {shape(t)}")
         if t.dtype not in INDEX_DTYPES:
             raise dtype_error(name, t, INDEX_DTYPES)
         if t.device != device:
-            raise _device_error(name, t, device)
+            raise device_error(name, t, device, target)
     if draft_probs is not None:
         require_tensor("draft_probs", draft_probs)
         if tuple(draft_probs.shape) != (batch, rows, vocab):
             raise ValueError(
                 "draft_probs must have shape (batch_size, num_nodes + 1, vocab_size) = "
-                f"{(batch, rows, vocab)}, the shape of target_probs; got {shape(draft_probs)}")
+                f"{(batch, rows, vocab)}, the shape of {target}; got {shape(draft_probs)}")
         if draft_probs.dtype != target_probs.dtype:
             raise TypeError(
-                f"draft_probs must have the dtype of target_probs "
+                f"draft_probs must have the dtype of {target} "
                 f"({dtype_name(target_probs.dtype)}); got {dtype_name(draft_probs.dtype)}")
         if draft_probs.device != device:
-            raise _device_error("draft_probs", draft_probs, device)
+            raise device_error("draft_probs", draft_probs, device, target)
     for name, t in (("seed", seed), ("offset", offset)):
         require_tensor(name, t)
         if t.dim() != 1 or (t.shape[0] != 1 and t.shape[0] != batch):
@@ -100,7 +97,7 @@ def _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, se
         if t.dtype != torch.int64:
             raise dtype_error(name, t, (torch.int64,))
         if t.device != device:
-            raise _device_error(name, t, device)
+            raise device_error(name, t, device, target)
     if not isinstance(with_replacement, bool):
         raise TypeError(
             f"with_replacement must be a bool; got {type(with_replacement).__name__}")
@@ -120,8 +117,12 @@ def present_nodes(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: i
     return present
 
 
-def check_values(draft_probs, draft_token_ids, parents, target_probs) -> None:
+def check_values(draft_probs, draft_token_ids, parents, target_probs, logits=None) -> None:
     """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
+
+    ``logits``: (target_logits, draft_logits or None) where the rows are given as logits
+    (target_probs is then target_logits): a NaN or +inf logit is refused in the rows the op
+    reads (-inf, a mask, is a logit).
 
     Ids must be -1 (padding) or in [0, vocab_size); a node with an id in range must have a parent
     in [0, i] (node i + 1); the probabilities the op may read (the target rows of the root and of
@@ -146,7 +147,16 @@ def check_values(draft_probs, draft_token_ids, parents, target_probs) -> None:
     parent_of = torch.where(present[:, 1:], given, -1)  # (B, M): -1 for absent nodes
     node = torch.arange(present.shape[1], device=parents.device)
     has_child = (parent_of[:, :, None] == node[None, None, :]).any(dim=1)  # (B, M + 1)
-    for name, probs, read in (("target_probs", target_probs, present),
+    given = () if logits is None else (("target_logits", logits[0], present),
+                                       ("draft_logits", logits[1], present & has_child))
+    for name, rows, read in given:
+        if rows is None:
+            continue
+        where = first_bad_index((torch.isnan(rows) | (rows == torch.inf)) & read[:, :, None])
+        if where is not None:
+            raise ValueError(f"{name} must be a number or -inf in the rows the op reads; got "
+                             f"{float(rows[where])} at index {where} (SPECOPS_VALIDATE=1)")
+    for name, probs, read in (("target_probs", None if logits else target_probs, present),
                               ("draft_probs", draft_probs, present & has_child)):
         if probs is None:
             continue

@@ -11,13 +11,17 @@ same functions, so the tokens are the reference's (tests/test_tree_op.py checks 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..core.ops.backends import in_inference_mode
 from ..core.sampling.probs import sanitize
 from ..core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in_chunk
 from ..core.sampling.sums import exact_total
+from ..core.logits import cpu as logits_cpu, rule
 from . import reference, slots
+from .processed import on_processed_rows
 
 # PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
 _BOUND_BITS = (117 + 127) << 23
@@ -108,3 +112,10 @@ def tree_speculative_sampling_cpu(
     """``reference.tree_speculative_sampling_reference`` for CPU tensors, faster."""
     return reference.verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                             with_replacement, STEPS)
+
+
+# Verification from logits: every row processed as core/logits/cpu.py processes it (the rule's rows,
+# bit for bit, with less work), then the above.
+tree_speculative_sampling_from_logits_cpu = on_processed_rows(
+    tree_speculative_sampling_cpu,
+    functools.partial(rule.processed_requests, process=logits_cpu.processed_rows))

@@ -8,8 +8,10 @@ import torch
 
 from ..core.launch.launcher import FOUR_WARPS, TritonKernel
 from ..core.sampling.race import CHUNK_SIZE
+from ..core.logits.launch import processed_rows
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
+from .processed import on_processed_rows
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
@@ -61,3 +63,9 @@ def tree_speculative_sampling_triton(
         int(with_replacement), slots.slots_per_draw(vocab), HAS_DRAFT=has_draft,
         BLOCK_M=block_m(num_nodes), GROUP=GROUP, CHUNK=CHUNK_SIZE, **KERNEL.options)
     return out_tokens, out_nodes, emitted
+
+
+# Verification from logits: the rows' statistics, a pass that writes the processed rows (the tree
+# kernel reads probabilities), then the above.
+tree_speculative_sampling_from_logits_triton = on_processed_rows(tree_speculative_sampling_triton,
+                                                                 processed_rows)

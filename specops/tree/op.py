@@ -1,13 +1,16 @@
-"""``torch.ops.specops.tree_speculative_sampling``: tree verification, registered as a torch op."""
+"""``torch.ops.specops.tree_speculative_sampling``: tree verification, and its from-logits twin,
+registered as torch ops."""
 
 from __future__ import annotations
 
 import torch
 
 from ..core.ops.registry import Backends, imported_on_first_use, register_op
+from . import from_logits
 from .arguments import check_arguments, check_values
-from .cpu import tree_speculative_sampling_cpu
-from .reference import tree_speculative_sampling_reference
+from .cpu import tree_speculative_sampling_cpu, tree_speculative_sampling_from_logits_cpu
+from .reference import (tree_speculative_sampling_from_logits_reference,
+                        tree_speculative_sampling_reference)
 
 # Spelled out rather than inferred, so that the schema names its arguments as docs/api.md does.
 SCHEMA = (
@@ -42,4 +45,13 @@ tree_speculative_sampling_op = register_op(
     backends=Backends(reference=tree_speculative_sampling_reference,
                       cpu=tree_speculative_sampling_cpu,
                       triton=imported_on_first_use(_LAUNCH, "tree_speculative_sampling_triton")),
+)
+
+tree_speculative_sampling_from_logits_op = register_op(
+    "specops::tree_speculative_sampling_from_logits", from_logits.SCHEMA, check=from_logits.check,
+    check_values=from_logits.check_values, outputs=from_logits.outputs,
+    backends=Backends(reference=tree_speculative_sampling_from_logits_reference,
+                      cpu=tree_speculative_sampling_from_logits_cpu,
+                      triton=imported_on_first_use(
+                          _LAUNCH, "tree_speculative_sampling_from_logits_triton")),
 )

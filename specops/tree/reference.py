@@ -20,6 +20,7 @@ from ..core.sampling.race import chunk_masses, sample_rows
 from ..core.sampling.randomness import request_uniforms
 from ..core.sampling.sums import exact_total
 from . import slots
+from .processed import on_processed_rows
 
 
 class Tree(NamedTuple):
@@ -289,3 +290,8 @@ def tree_speculative_sampling_reference(
     """Returns (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32."""
     return verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                   with_replacement)
+
+
+# Verification from logits: every row processed by the rule (core/logits/rule.py), then the above.
+tree_speculative_sampling_from_logits_reference = on_processed_rows(
+    tree_speculative_sampling_reference)

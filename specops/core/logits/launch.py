@@ -1,13 +1,14 @@
-"""Launching ``triton.row_statistics_kernel``: one program per row of logits, one
-``kernel[grid]`` launch (core/launch/launcher.py)."""
+"""Launching ``triton.row_statistics_kernel`` (one program per row of logits) and
+``triton.processed_rows_kernel``, each one ``kernel[grid]`` launch (core/launch/launcher.py)."""
 
 from __future__ import annotations
 
 import torch
+import triton
 
 from ..launch.launcher import TritonKernel, build_options
 from ..sampling.race import CHUNK_SIZE
-from .triton import row_statistics_kernel
+from .triton import processed_rows_kernel, row_statistics_kernel
 
 STATS_FIELDS = 6  # triton.STATS
 # How the samplers build the kernels that read logits (no multiply-add contraction, as every
@@ -18,6 +19,8 @@ FROM_LOGITS_OPTIONS = build_options(2)
 # The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers
 # and spills around the bisections' bookkeeping, and with a cap of 128 it takes what it needs.
 STATISTICS = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=128))
+# A row pass over 1024-value chunks, as the samplers' (4 warps: 8 values a thread).
+PROCESSED = TritonKernel(processed_rows_kernel, **build_options(4))
 
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -35,3 +38,21 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
                                         positions, vocab, stride_b, stride_n, *strides,
                                         CHUNK=CHUNK_SIZE, **STATISTICS.options)
     return stats
+
+
+def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """``rule.processed_rows`` of every row of logits (B, positions, V) under each request's
+    parameters (1 or B values each): float32 (B, positions, V), written by the GPU (the
+    statistics, then one pass that writes the rows)."""
+    logits = logits if logits.stride(2) == 1 else logits.contiguous()  # 16-byte row loads
+    batch, positions, vocab = logits.shape
+    out = torch.empty((batch, positions, vocab), dtype=torch.float32, device=logits.device)
+    if out.numel() == 0:
+        return out
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p)
+    stride_b, stride_n, _ = logits.stride()
+    PROCESSED.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
+        logits, stats, out, positions, vocab, stride_b, stride_n, CHUNK=CHUNK_SIZE,
+        **PROCESSED.options)
+    return out

@@ -118,3 +118,23 @@ def finished_rows(e, keep, mass, greedy, temperature, top_k, top_p, min_p) -> to
     sampled = torch.where(keep, e * scale, 0.0)
     rows = torch.where((temperature == 0)[:, None], greedy, sampled)
     return torch.where(out_of_range(temperature, top_k, top_p, min_p)[:, None], 0.0, rows)
+
+
+def processed_requests(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor, min_p: torch.Tensor, process=None) -> torch.Tensor:
+    """The float32 rows (B, rows, V) of requests' rows of logits (B, rows, V), each request's
+    parameters (1 or B values each) applied to every row of it, by ``process`` (the rows (R, V)
+    and R values each: ``processed_rows`` by default, or a faster way to the same rows)."""
+    batch, rows, vocab = logits.shape
+    out = (process or processed_rows)(
+        logits.reshape(batch * rows, vocab), *(per_row(value, batch, rows)
+                                               for value in (temperature, top_k, top_p, min_p)))
+    return out.reshape(batch, rows, vocab)
+
+
+def per_row(value: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
+    """A parameter of 1 or B values (one per request) as one value per row of the requests'
+    (B, rows, V) rows, flattened: (B * rows,)."""
+    if batch == 1:  # one request: its value for every row, as a view
+        return value.expand(rows)
+    return value.expand(batch).repeat_interleave(rows)

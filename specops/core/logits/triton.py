@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
-from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS
+from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS, load_stats, processed
 from . import rule as logits
 
 LOG2E = tl.constexpr(logits.LOG2E)
@@ -208,3 +208,24 @@ def row_statistics_kernel(
     tl.store(out + 3, limit.to(tl.float64))
     tl.store(out + 4, scale.to(tl.float64))
     tl.store(out + 5, index.to(tl.float64))
+
+
+@triton.jit
+def processed_rows_kernel(
+    logits_ptr,  # (B, positions, V) logits, vocabulary stride 1
+    stats_ptr,  # (B * positions, STATS) float64: the rows' statistics
+    out_ptr,  # (B * positions, V) float32 contiguous, written
+    positions, vocab, stride_b, stride_n,
+    CHUNK: tl.constexpr,
+):
+    """Program (row, chunk): the chunk's processed probabilities (rule.processed_rows' row), for
+    a sampler that reads probabilities rather than logits through their statistics."""
+    row = tl.program_id(0).to(tl.int64)
+    column = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    inside = column < vocab
+    mode, peak, coef, limit, scale, index = load_stats(stats_ptr + row * STATS)
+    x = tl.load(logits_ptr + (row // positions) * stride_b + (row % positions) * stride_n + column,
+                mask=inside, other=0.0)
+    sampled = tl.where(mode == SAMPLED, processed(widen(x), peak, coef, limit, scale), 0.0)
+    values = tl.where(mode == GREEDY, (column == index).to(tl.float32), sampled)
+    tl.store(out_ptr + row * vocab + column, values, mask=inside)

@@ -1,0 +1,68 @@
+"""Tree verification from logits: the tree rules (docs/tree.md) on the distributions each
+request's sampling parameters make of the target's logits (core/logits/rule.py), and of the
+draft's when they are given as logits: the schema, checks and fake's outputs of its registered op
+(tree/op.py). Every backend processes the rows, then verifies them as the tree op does
+(tree/processed.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.logits import parameters as params
+from ..core.ops.checks import device_error, dtype_error, dtype_name, require_tensor, shape
+from . import arguments
+
+SCHEMA = (
+    "(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_logits, "
+    "Tensor? draft_logits, Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, "
+    "Tensor top_p, Tensor min_p, bool with_replacement=True) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _parameters(temperature, top_k, top_p, min_p) -> dict:
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
+          temperature, top_k, top_p, min_p, with_replacement=True) -> None:
+    """The tree op's checks with the logits in target_probs' place, the draft's one source, and
+    the parameter tensors; errors name the argument."""
+    arguments.check_arguments(None, draft_token_ids, parents, target_logits, seed, offset,
+                              with_replacement, target_name="target_logits")
+    if draft_probs is not None and draft_logits is not None:
+        raise ValueError("draft_logits: pass draft_probs or draft_logits, not both: the drafts "
+                         "came from one distribution")
+    for name, draft in (("draft_probs", draft_probs), ("draft_logits", draft_logits)):
+        if draft is None:
+            continue
+        require_tensor(name, draft)
+        if draft.shape != target_logits.shape:
+            raise ValueError(f"{name} must have shape (batch_size, num_nodes + 1, vocab_size) = "
+                             f"{shape(target_logits)}, the shape of target_logits; got "
+                             f"{shape(draft)}")
+        if draft.dtype not in arguments.PROB_DTYPES:
+            raise dtype_error(name, draft, arguments.PROB_DTYPES)
+        if draft is draft_logits and draft.dtype != target_logits.dtype:
+            raise TypeError(f"{name} must have the dtype of target_logits "
+                            f"({dtype_name(target_logits.dtype)}); got {dtype_name(draft.dtype)}")
+        if draft.device != target_logits.device:
+            raise device_error(name, draft, target_logits.device, "target_logits")
+    params.check_parameters(_parameters(temperature, top_k, top_p, min_p),
+                            target_logits.shape[0], target_logits.device, "target_logits")
+
+
+def check_values(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed,
+                 offset, temperature, top_k, top_p, min_p, with_replacement=True) -> None:
+    """SPECOPS_VALIDATE=1: the tree op's id, parent and draft-probability checks, NaN or +inf
+    logits in the rows the op reads, parameters out of range."""
+    arguments.check_values(draft_probs, draft_token_ids, parents, target_logits,
+                           logits=(target_logits, draft_logits))
+    params.check_parameter_values(_parameters(temperature, top_k, top_p, min_p))
+
+
+def outputs(draft_probs, draft_token_ids, parents, *rest):
+    """(output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32, empty."""
+    batch, num_nodes = draft_token_ids.shape
+    return (parents.new_empty((batch, num_nodes + 1), dtype=torch.int32),
+            parents.new_empty((batch, num_nodes), dtype=torch.int32),
+            parents.new_empty((batch,), dtype=torch.int32))
