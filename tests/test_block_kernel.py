@@ -118,12 +118,3 @@ def test_identical_models_keep_every_draft_one_hot():
     out, _, emit = results[0]
     assert torch.equal(out[:, :num_draft].long(), d) and (emit == 7 + num_draft).all()
 
-
-@pytest.mark.parametrize("draft", [True, False])
-def test_no_drafts_match_reference(draft):
-    """N = 0: one token from the single row (two chunks), the counters as they were."""
-    draft_probs, ids, target = make_inputs(5, 0, 1500, draft=draft, seed=3)
-    seed, offset = seeds(5, per_request=True)
-    results = run_both(draft_probs, ids, target, seed, offset)
-    assert_same(results)
-    assert results[1][0].shape == (5, 1) and (results[1][0] >= 0).all()

@@ -208,11 +208,22 @@ def test_chi_square_distribution():
     assert abs(float(acc.sum()) - batch * rate) < 5 * math.sqrt(batch * rate * (1 - rate))
 
 
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("draft", [True, False])
-def test_no_drafts_match_reference(draft):
-    """N = 0: one token from the single row (two chunks), the counters as they were."""
+def test_no_drafts_match_reference(draft, verification):
+    """N = 0: one token from the single row (two chunks), the counters as they were, from token
+    and block verification's kernels alike."""
+    from specops.chain.block.launch import block_speculative_sampling_triton
+    from specops.chain.block.reference import block_speculative_sampling_reference
+
     draft_probs, ids, target = make_inputs(5, 0, 1500, draft=draft, seed=3)
     seed, offset = seeds(5, per_request=True)
-    results = run_both(draft_probs, ids, target, seed, offset)
+    if verification == "token":
+        results = run_both(draft_probs, ids, target, seed, offset)
+    else:
+        results = []
+        for fn in (block_speculative_sampling_reference, block_speculative_sampling_triton):
+            acc, emit = torch.full((5,), 2, device=DEVICE), torch.full((5,), 3, device=DEVICE)
+            results.append((fn(draft_probs, ids, target, acc, emit, seed, offset), acc, emit))
     assert_same(results)
     assert results[1][0].shape == (5, 1) and (results[1][0] >= 0).all()
