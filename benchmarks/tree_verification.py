@@ -52,7 +52,7 @@ def floor_bytes(draft, ids, parents, target, seed, offset, with_draft: bool) -> 
     node where it rejected a child, the target row of the node it drew its token at when it
     rejected none there (target-only: the target row of every node it stood on), and the ids and
     parents. Counted from the reference's own steps, on the CPU."""
-    from specops.tree import reference
+    from specops.tree import reference, slots
 
     draft, ids, parents, target = (t.cpu() for t in (draft, ids, parents, target))
     seed, offset = seed.cpu(), offset.cpu()
@@ -70,7 +70,8 @@ def floor_bytes(draft, ids, parents, target, seed, offset, with_draft: bool) -> 
         rejected_at.update(zip(needed.nonzero().squeeze(1).tolist(), node[needed].tolist()))
         return reference.residual_masses(draft_probs, target_probs, node, weight, needed)
 
-    coins = reference.request_uniforms(seed, offset, batch, num_nodes)
+    coins = reference.request_uniforms(seed, offset, batch, 2 * num_nodes,  # node i's coin
+                                       slots.coin_slot(vocab, 1))[:, ::2]
     walk, state = reference.walk_with_drafts(draft, target, tree, coins, True, masses=masses)
     draws_p = int((state.rejections == 0).sum())  # a draw at a node without a rejection: p
     return index_bytes + (2 * len(rejected_at) + draws_p) * vocab * item

@@ -51,7 +51,7 @@ def warmup(
     (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
     of the node tokens and parents, ``logits`` True for ``tree_speculative_sampling_from_logits``,
     and ``counter_dtype`` does not apply (``with_replacement`` selects no kernel). ``num_draft`` 0
-    (a step without drafts) is a chain length of its own.  Each argument may be one value or several; every
+    (a step without drafts) is a chain length of its own; trees skip it (a tree has nodes).  Each argument may be one value or several; every
     combination is loaded.  Returns the number of combinations.
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specops.chain.token import cpu, reference
-from specops.core.sampling import randomness
+from specops.core.sampling import randomness, slots
 from specops.core.sampling.race import chunk_masses
 
 
@@ -162,13 +162,15 @@ def test_single_request_acceptance_rounds_as_float32():
         target = torch.rand(1, num_draft + 1, vocab, generator=g)
         draft = torch.rand(1, num_draft, vocab, generator=g) + 0.01
         ids = torch.randint(0, vocab, (1, num_draft), generator=g)
-        u = randomness.request_uniforms(torch.tensor([seed]), torch.tensor([0]), 1, 10)[0]
+        u = randomness.request_uniforms(torch.tensor([seed]), torch.tensor([0]), 1,
+                                        slots.num_slots(num_draft, vocab))[0]
+        coins = u[slots.coin_slots(vocab, num_draft)]
         rows = torch.arange(num_draft)
         q = draft[0, rows, ids[0]]
-        product = u[:num_draft] * q  # float32
+        product = coins * q  # float32
         step = torch.tensor([-1, 0, 1])[torch.randint(0, 3, (num_draft,), generator=g)]
         target[0, rows, ids[0]] = torch.nextafter(product, product + step)
-        exact = u[:num_draft].double() * q.double()
+        exact = coins.double() * q.double()
         differs_from_exact += int((exact < product.double()).sum())
         assert_same(run_both(draft, ids, target, seed, 0))
     assert differs_from_exact > 10  # the rounding decided some of the positions

@@ -16,6 +16,7 @@ import torch
 
 import specops
 import specops.chain.token.reference
+from specops.core.sampling import slots
 from specops.demo.stats import chi2_pvalue, normal_pvalue
 
 P_THRESHOLD = 1e-4
@@ -269,7 +270,8 @@ def test_detector_catches_10_percent_acceptance_bias(monkeypatch):
     def biased(real):
         def biased_uniforms(seed, offset, batch_size, num_slots):
             u = real(seed, offset, batch_size, num_slots).clone()
-            u[:, :num_draft] *= 0.9  # acceptance coins: P(accept) = min(1, p / (0.9 q))
+            coins = slots.coin_slots(6, num_draft)  # lossless_pvalues' V = 6
+            u[:, coins] *= 0.9  # acceptance coins: P(accept) = min(1, p / (0.9 q))
             return u
 
         return biased_uniforms

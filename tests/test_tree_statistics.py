@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import specops
-from specops.tree import reference
+from specops.tree import reference, slots
 from specops.demo.stats import chi2_pvalue
 
 import worlds  # tests/worlds.py
@@ -79,7 +79,8 @@ def broken_op(mode):
     def run(draft_probs, ids, parents, target_probs, seed, offset):
         seed, offset = torch.tensor([seed]), torch.tensor([offset])
         tree = reference.read_tree(ids, parents, target_probs.shape[2])
-        coins = reference.request_uniforms(seed, offset, ids.shape[0], ids.shape[1])
+        coins = reference.request_uniforms(seed, offset, ids.shape[0], 2 * ids.shape[1],
+                                           slots.coin_slot(target_probs.shape[2], 1))[:, ::2]
         walk, state = reference.walk_with_drafts(
             draft_probs, target_probs, tree, coins, mode != "without",
             judge=lambda p_x, q_x, state: (p_x, torch.ones_like(state.mass)))

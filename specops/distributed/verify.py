@@ -18,8 +18,9 @@ from .shards import Shard, exact_totals, exchanged_values, piece_masses, race, v
 
 
 def read_drafts(shard: Shard, draft_probs, draft_token_ids, target_probs, seed, offset):
-    """What both verifications start with: each request's uniforms (B, slots), and (p[d], q[d]) at every draft id (B, N), sanitised, from the rank
-    that owns each id (one all_reduce); q is None for one-hot drafts."""
+    """What both verifications start with: each request's uniforms (B, slots), and (p[d], q[d])
+    at every draft id (B, N), sanitised, from the rank that owns each id (one all_reduce); q is
+    None for one-hot drafts."""
     batch = draft_token_ids.shape[0]
     uniforms = request_uniforms(seed, offset, batch,
                                 token_slots.num_slots(draft_token_ids.shape[1], shard.vocab))
