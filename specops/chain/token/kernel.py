@@ -25,6 +25,12 @@ from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, m
                                           race_group, race_start, race_token, store_race_partial,
                                           winning_token)
 from ..drafts_triton import draft_probabilities
+from . import slots
+
+# The Philox slots of the inverse-CDF uniform and of chunk 0's race (slots.py): constants of the
+# layout, so no argument carries them.
+CDF_SLOT = tl.constexpr(slots.CDF_SLOT)
+RACE_SLOT0 = tl.constexpr(slots.race_slot(0))
 
 # The partials of a P > 1 launch, float64 (B, P, PARTIAL_FIELDS): program s of request b writes
 # row [b, s]: the race fields of core/sampling/race_triton.py (residual-race key, p-race key, the token of
@@ -35,7 +41,7 @@ PARTIAL_FIELDS = RACE_FIELDS
 @triton.jit
 def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
-                off_hi, key_lo, key_hi, cdf_slot, coin_slot0, HAS_DRAFT: tl.constexpr,
+                off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT: tl.constexpr,
                 BLOCK_N: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
     whether a valid draft token was rejected at e, that token (-1 when none)). With LOGITS (and
@@ -46,7 +52,7 @@ def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, nu
         LOGITS, DRAFT_LOGITS)
     # One Philox call: lane j < N draws position j's coin (slot coin_slot0 + 2j, slots.py), lane
     # N the inverse-CDF uniform.
-    coins = philox_uniform(tl.where(j == num_draft, cdf_slot, coin_slot0 + 2 * j), stream, off_lo,
+    coins = philox_uniform(tl.where(j == num_draft, CDF_SLOT, coin_slot0 + 2 * j), stream, off_lo,
                            off_hi, key_lo, key_hi)
     u_cdf = tl.sum(tl.where(j == num_draft, coins, 0.0), axis=0)  # exact: one nonzero term
     accepted = valid & (coins * q_d < p_d)
@@ -113,7 +119,7 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
     "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "num_draft",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
-    "seed_per_request", "chunks_per_program", "cdf_slot", "race_slot0"])
+    "seed_per_request", "chunks_per_program", "coin_slot0"])
 def chain_speculative_sampling_kernel(
     target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
     draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
@@ -129,7 +135,7 @@ def chain_speculative_sampling_kernel(
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
-    cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
+    coin_slot0,  # position 0's coin's Philox slot, 1 + K (slots.py); position j's: + 2j
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
     BLOCK_P: tl.constexpr,  # the most programs per request, a power of 2
@@ -142,10 +148,11 @@ def chain_speculative_sampling_kernel(
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
+    race_slot0 = tl.full([], RACE_SLOT0, tl.int32)  # a value, as the interpreter needs it
     d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
         target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
-        key_lo, key_hi, cdf_slot, race_slot0 + tl.cdiv(vocab, CHUNK),  # the coins follow the races
+        key_lo, key_hi, coin_slot0,
         HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     if program == 0:
         _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,

@@ -33,11 +33,9 @@ def block_n(num_draft: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _per_shape(num_draft: int, vocab: int) -> tuple[int, int, int, int]:
-    """(lanes of the acceptance vector, Philox slot of the inverse-CDF uniform, of chunk 0,
-    chunks of a row)."""
-    return (block_n(num_draft), slots.CDF_SLOT, slots.race_slot(0),
-            num_chunks(vocab))
+def _per_shape(num_draft: int, vocab: int) -> tuple[int, int, int]:
+    """(lanes of the acceptance vector, chunks of a row, position 0's coin's Philox slot)."""
+    return block_n(num_draft), num_chunks(vocab), slots.coin_slot(vocab, 0)
 
 
 def chain_speculative_sampling_triton(
@@ -89,7 +87,7 @@ def chain_speculative_sampling_triton(
     seed_per_request = seed.numel() != 1
     seed_stride = seed.stride()[0] if seed_per_request else 0
     offset_stride = offset.stride()[0] if offset.numel() != 1 else 0
-    lanes, cdf_slot, race_slot0, chunks = _per_shape(num_draft, vocab)
+    lanes, chunks, coin_slot0 = _per_shape(num_draft, vocab)
     logits, draft_logits = target_stats is not None, draft_stats is not None
     no_stats = placeholder(device, torch.float64)
     no_arrivals = placeholder(device, torch.int32)
@@ -103,8 +101,8 @@ def chain_speculative_sampling_triton(
                                seed, offset, out, no_stats, no_arrivals, target_stats,
                                draft_stats, num_draft, vocab, stride_tb, stride_tn, stride_db,
                                stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
-                               seed_stride, offset_stride, int(seed_per_request), 1, cdf_slot,
-                               race_slot0, **constexprs)
+                               seed_stride, offset_stride, int(seed_per_request), 1,
+                               coin_slot0, **constexprs)
     programs, per_program = occupancy.row_split(resources, batch, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
                                                 MAX_PROGRAMS_PER_REQUEST, programs)
@@ -119,7 +117,7 @@ def chain_speculative_sampling_triton(
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
         partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
         stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
-        offset_stride, int(seed_per_request), per_program, cdf_slot, race_slot0, **constexprs,
+        offset_stride, int(seed_per_request), per_program, coin_slot0, **constexprs,
         **main.options)
     return out
 
