@@ -1,12 +1,10 @@
 """Tree verification from logits: the tree rules (docs/tree.md) on the distributions each
 request's sampling parameters make of the target's logits (core/logits/rule.py), and of the
-draft's when they are given as logits: the schema, checks and fake's outputs of its registered op
-(tree/op.py). Every backend processes the rows, then verifies them as the tree op does
+draft's when they are given as logits: the schema and checks of its registered op (tree/op.py),
+whose outputs are the tree op's. Every backend processes the rows, then verifies them as the tree op does
 (tree/processed.py)."""
 
 from __future__ import annotations
-
-import torch
 
 from ..core.logits import parameters as params
 from ..core.ops.checks import device_error, dtype_error, dtype_name, require_tensor, shape
@@ -58,11 +56,3 @@ def check_values(draft_probs, draft_token_ids, parents, target_logits, draft_log
     arguments.check_values(draft_probs, draft_token_ids, parents, target_logits,
                            logits=(target_logits, draft_logits))
     params.check_parameter_values(_parameters(temperature, top_k, top_p, min_p))
-
-
-def outputs(draft_probs, draft_token_ids, parents, *rest):
-    """(output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32, empty."""
-    batch, num_nodes = draft_token_ids.shape
-    return (parents.new_empty((batch, num_nodes + 1), dtype=torch.int32),
-            parents.new_empty((batch, num_nodes), dtype=torch.int32),
-            parents.new_empty((batch,), dtype=torch.int32))

@@ -49,7 +49,7 @@ tree_speculative_sampling_op = register_op(
 
 tree_speculative_sampling_from_logits_op = register_op(
     "specops::tree_speculative_sampling_from_logits", from_logits.SCHEMA, check=from_logits.check,
-    check_values=from_logits.check_values, outputs=from_logits.outputs,
+    check_values=from_logits.check_values, outputs=_outputs,  # the tree op's: same leading args
     backends=Backends(reference=tree_speculative_sampling_from_logits_reference,
                       cpu=tree_speculative_sampling_from_logits_cpu,
                       triton=imported_on_first_use(
