@@ -31,6 +31,7 @@ def warmup(
     verification: Union[str, Iterable[str]] = "token",
     logits: Choices = False,
     parents_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
+    flattened: Choices = False,
 ) -> int:
     """Compile and load every Triton kernel that ``chain_speculative_sampling`` (and, with
     ``verification="tree"``, ``tree_speculative_sampling``) can launch on ``device`` for these
@@ -50,7 +51,10 @@ def warmup(
     False for ``chain_speculative_sampling``.  For "tree", ``num_draft`` is the number of nodes M
     (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
     of the node tokens and parents, ``logits`` True for ``tree_speculative_sampling_from_logits``,
-    and ``counter_dtype`` does not apply (``with_replacement`` selects no kernel). ``num_draft`` 0
+    and ``counter_dtype`` does not apply (``with_replacement`` selects no kernel). ``flattened``:
+    True for ``specops.varlen``'s functions (a flattened batch's kernels; its
+    ``cu_num_draft_tokens`` of ``ids_dtype``, ``num_draft`` the max_num_draft_tokens), False for
+    the padded ones (token and block only). ``num_draft`` 0
     (a step without drafts) is a chain length of its own; trees skip it (a tree has nodes).  Each argument may be one value or several; every
     combination is loaded.  Returns the number of combinations.
 
@@ -68,10 +72,12 @@ def warmup(
     modes = _members("verification", _choices(verification, str), ("token", "block", "tree"))
     from_logits = _members("logits", _choices(logits, bool), (False, True))
     parents_dtypes = _members("parents_dtype", _choices(parents_dtype, torch.dtype), INDEX_DTYPES)
+    layouts = _members("flattened", _choices(flattened, bool), (False, True))
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
     from .chain.block import launch as block
+    from .chain.rows import Flattened
     from .chain.token import launch as token
     from .tree.launch import (tree_speculative_sampling_from_logits_triton,
                               tree_speculative_sampling_triton)
@@ -93,12 +99,19 @@ def warmup(
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         count = 0
         chains = [mode for mode in modes if mode != "tree"]
-        for mode, logit, dt, n, has_draft, ids_dt, counter_dt in itertools.product(
-                chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes):
+        for mode, logit, dt, n, has_draft, ids_dt, counter_dt, flat in itertools.product(
+                chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes,
+                layouts):
             for source in sources[has_draft, logit]:
                 target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
                 draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
                 ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+                layout = {}
+                if flat:  # one request of n drafts, its rows stacked
+                    target, ids = target[0], ids[0]
+                    draft = None if draft is None else draft[0]
+                    cu = torch.tensor([0, n], dtype=ids_dt, device=device)
+                    layout = {"flattened": Flattened(cu, n)}
                 counters = torch.zeros(2, dtype=counter_dt, device=device)
                 seed = torch.zeros(2, dtype=torch.int64, device=device)
                 args = [draft, ids, target, counters[:1], counters[1:], seed[:1], seed[1:]]
@@ -108,7 +121,7 @@ def warmup(
                     args += parameters
                 # Split over two programs too where V has two chunks (block: its scan kernel).
                 for programs in (1, 2):
-                    launchers[mode, logit](*args, programs)
+                    launchers[mode, logit](*args, programs, **layout)
                 count += 1
         if "tree" in modes:  # no counters; parents of their own dtype; at least one node
             for logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(

@@ -76,35 +76,38 @@ def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
 
 
 def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
-                 logits=False, draft_logits=False):
+                 logits=False, draft_logits=False, varlen=False):
     """The token-verification kernel as the launcher would specialise it (``logits``: reading
-    logits through their rows' statistics; ``draft_logits``: the draft's too)."""
+    logits through their rows' statistics; ``draft_logits``: the draft's too; ``varlen``: a
+    flattened batch's rows)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
     from specops.chain.token import launch
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
-             "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+             "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64",
+             "cu_ptr": "*i64"}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": launch.GROUP, "CHUNK": CHUNK,
                   "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
-                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST}
+                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST, "VARLEN": varlen}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
                               (launch.MAIN_FROM_LOGITS if logits else launch.MAIN).options)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
-                           draft_logits=False):
+                           draft_logits=False, varlen=False):
     """The block-verification row pass as its launcher would specialise it (``logits``,
-    ``draft_logits``: as for compile_main)."""
+    ``draft_logits``, ``varlen``: as for compile_main)."""
     from specops.chain.block.kernel import block_row_pass_kernel
     from specops.chain.block import launch
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
-             "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64"}
+             "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64",
+             "cu_ptr": "*i64"}
     constexprs = {"HAS_DRAFT": draft, "GROUP": launch.GROUP, "CHUNK": CHUNK, "LOGITS": logits,
-                  "DRAFT_LOGITS": draft_logits}
+                  "DRAFT_LOGITS": draft_logits, "VARLEN": varlen}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned,
                               (launch.ROW_PASS_FROM_LOGITS if logits else launch.ROW_PASS).options)
 
@@ -281,15 +284,16 @@ def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, el
 COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
 
 
-def compile_statistics(prob):
+def compile_statistics(prob, varlen=False):
     """The row statistics kernel (verification from logits' first stage) as its launcher
-    specialises it."""
+    specialises it (``varlen``: a flattened batch's rows)."""
     from specops.core.logits.launch import STATISTICS
     from specops.core.logits.triton import row_statistics_kernel
 
     types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
-             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
-    return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK}, True,
+             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "cu_ptr": "*i64"}
+    return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK, "VARLEN": varlen},
+                              True,
                               STATISTICS.options)
 
 

@@ -15,9 +15,10 @@
   launch code;
 * the public layer (specops/__init__.py, api.py, warmup.py) imports the samplers; nothing in the
   package imports the demo, and no two modules import each other, directly or through others;
-* specops/distributed/ (vocabulary-parallel verification) is a public layer of its own above the
-  samplers: it imports core/, chain/ (the references' steps), specops.api (its argument names)
-  and itself, and nothing else in the package imports it.
+* specops/distributed/ (vocabulary-parallel verification) and specops/varlen/ (flattened batches)
+  are public layers of their own above the samplers: each imports core/, chain/ (the references'
+  steps, the ops), specops.api (its argument names) and itself, and nothing else in the package
+  imports it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ SAMPLERS = sorted(name.rpartition(".")[0] for name in MODULES if name.endswith("
 PUBLIC = {"specops", "specops.api", "specops.warmup"}
 DEMO = "specops.demo"  # the demo and its tools: above the library, imported by nothing in it
 DISTRIBUTED = "specops.distributed"
+LAYERS = (DISTRIBUTED, "specops.varlen")  # public layers above the chain samplers
 
 
 def sampler_of(module: str) -> str | None:
@@ -108,7 +110,8 @@ def allowed(importer: str, imported: str) -> bool:
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if n not in PUBLIC and not inside(n, DEMO)
-                                  and not inside(n, "specops.core") and not inside(n, DISTRIBUTED)])
+                                  and not inside(n, "specops.core")
+                                  and not any(inside(n, layer) for layer in LAYERS)])
 def test_samplers_import_core_their_family_and_themselves(name):
     bad = {m for m in IMPORTS[name] if not allowed(name, m)}
     assert not bad, (f"{name} imports {sorted(bad)}: a sampler depends on core/, its family's "
@@ -158,16 +161,18 @@ def test_references_import_no_op_backend_or_launch_code(sampler):
                      "specifies (core/sampling/, core/logits/rule.py)")
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if inside(n, DISTRIBUTED)])
-def test_distributed_imports_core_chain_the_api_and_itself(name):
+@pytest.mark.parametrize("layer, name", [(layer, n) for layer in LAYERS for n in MODULES
+                                         if inside(n, layer)])
+def test_layers_import_core_chain_the_api_and_themselves(layer, name):
     bad = {m for m in IMPORTS[name] if not (inside(m, "specops.core") or inside(m, "specops.chain")
-                                            or inside(m, DISTRIBUTED) or m in ("specops", "specops.api"))}
-    assert not bad, f"{name} imports {sorted(bad)}: distributed/ builds on core/, chain/ and the api"
+                                            or inside(m, layer) or m in ("specops", "specops.api"))}
+    assert not bad, f"{name} imports {sorted(bad)}: {layer} builds on core/, chain/ and the api"
 
 
-def test_nothing_else_imports_distributed():
-    assert not [n for n in MODULES if not inside(n, DISTRIBUTED)
-                and any(inside(m, DISTRIBUTED) for m in IMPORTS[n])]
+@pytest.mark.parametrize("layer", LAYERS)
+def test_nothing_else_imports_a_layer(layer):
+    assert not [n for n in MODULES if not inside(n, layer)
+                and any(inside(m, layer) for m in IMPORTS[n])]
 
 
 def test_nothing_imports_the_demo():

@@ -30,9 +30,9 @@ PROB_DTYPES = ("fp32", "fp16", "bf16")
 
 
 def spec(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True, logits=False,
-         draft_logits=False):
+         draft_logits=False, varlen=False):
     return dict(prob=prob, draft=draft, ids=ids, acc=acc, emit=emit, block_n=block_n,
-                aligned=aligned, logits=logits, draft_logits=draft_logits)
+                aligned=aligned, logits=logits, draft_logits=draft_logits, varlen=varlen)
 
 
 def all_specialisations():
@@ -46,6 +46,9 @@ def all_specialisations():
     # From logits: drafts from probabilities, from logits, or neither.
     specs += [spec(prob, draft, logits=True, draft_logits=draft_logits) for prob in PROB_DTYPES
               for draft, draft_logits in ((True, False), (True, True), (False, False))]
+    # A flattened batch's rows (specops.varlen), of probabilities and of logits.
+    specs += [spec("bf16", True, "i32", varlen=True),
+              spec("fp32", True, "i32", logits=True, draft_logits=True, varlen=True)]
     return specs
 
 
@@ -57,7 +60,8 @@ import sass  # tests/sass.py
 results = []
 for s in json.loads(sys.argv[1]):
     kernel = sass.compile_main(s["prob"], s["draft"], s["ids"], s["acc"], s["emit"],
-                                      s["block_n"], s["aligned"], s["logits"], s["draft_logits"])
+                                      s["block_n"], s["aligned"], s["logits"], s["draft_logits"],
+                                      s["varlen"])
     found = sass.compile_report(kernel, with_row_loops=True)
     if s["aligned"] and s["ids"] == "i64" and s["block_n"] == 8:
         found["budget"] = sass.budget(s["prob"], s["draft"], kernel)
@@ -120,6 +124,7 @@ for prob in ("fp32", "fp16", "bf16"):
     found["budget"] = sass.statistics_budget(prob, kernel)
     out[prob] = found
     out[prob + " processed rows"] = sass.compile_report(sass.compile_processed_rows(prob))
+    out[prob + " flattened"] = sass.compile_report(sass.compile_statistics(prob, varlen=True))
 print(json.dumps(out))
 '''
 

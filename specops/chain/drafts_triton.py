@@ -9,27 +9,27 @@ from ..core.sampling.probs_triton import ABSENT
 
 
 @triton.jit
-def draft_probabilities(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft,
-                        vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-                        HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, LOGITS: tl.constexpr,
-                        DRAFT_LOGITS: tl.constexpr):
-    """Lanes j = 0..BLOCK_N-1 of request b: (j, whether j is a draft position, the draft ids d (-1
-    past N), whether d_j is a token in [0, V), p_j[d_j], q_j[d_j] (1.0 without draft rows)).
-    Invalid ids are never dereferenced; with LOGITS (DRAFT_LOGITS) the rows are logits, read
-    through their rows' statistics."""
+def draft_probabilities(target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft,
+                        vocab, stride_tn, stride_dn, stride_in, HAS_DRAFT: tl.constexpr,
+                        BLOCK_N: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+    """Lanes j = 0..BLOCK_N-1 of a request whose rows start at target_row0, draft_row0, ids0 (and
+    whose rows' statistics start at target_stats0, draft_stats0): (j, whether j is a draft
+    position, the draft ids d (-1 past its num_draft drafts), whether d_j is a token in [0, V),
+    p_j[d_j], q_j[d_j] (1.0 without draft rows)). Invalid ids are never dereferenced; with LOGITS
+    (DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
     j = tl.arange(0, BLOCK_N)
     j64 = j.to(tl.int64)
     is_draft = j < num_draft
-    d = tl.load(ids_ptr + b * stride_ib + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
+    d = tl.load(ids0 + j64 * stride_in, mask=is_draft, other=-1).to(tl.int64)
     valid = is_draft & (d >= 0) & (d < vocab)
     d_safe = tl.where(valid, d, 0)
     p_d = probabilities_at(
-        tl.load(target_ptr + b * stride_tb + j64 * stride_tn + d_safe, mask=valid, other=ABSENT),
-        target_stats + (b * (num_draft + 1) + j64) * STATS, d, valid, LOGITS)
+        tl.load(target_row0 + j64 * stride_tn + d_safe, mask=valid, other=ABSENT),
+        target_stats0 + j64 * STATS, d, valid, LOGITS)
     if HAS_DRAFT:
         q_d = probabilities_at(
-            tl.load(draft_ptr + b * stride_db + j64 * stride_dn + d_safe, mask=valid, other=ABSENT),
-            draft_stats + (b * num_draft + j64) * STATS, d, valid, DRAFT_LOGITS)
+            tl.load(draft_row0 + j64 * stride_dn + d_safe, mask=valid, other=ABSENT),
+            draft_stats0 + j64 * STATS, d, valid, DRAFT_LOGITS)
     else:
         q_d = tl.full([BLOCK_N], 1.0, tl.float32)
     return j, is_draft, d, valid, p_d, q_d

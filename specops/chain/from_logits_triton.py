@@ -5,6 +5,7 @@ reading the logits through them; its torch twin is ``processed.on_processed_rows
 from __future__ import annotations
 
 from ..core.logits.launch import row_statistics
+from .rows import Flattened
 
 
 def on_row_statistics(verify):
@@ -12,19 +13,24 @@ def on_row_statistics(verify):
     statistics first, then ``verify`` reading the logits through them (its ``target_stats`` and
     ``draft_stats``); no processed probabilities are written."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch,
+                flattened: Flattened | None = None):
         parameters = (temperature, top_k, top_p, min_p)
-        target_logits = (target_logits if target_logits.stride(2) == 1
-                         else target_logits.contiguous())  # the row loops' unit stride
-        target_stats = row_statistics(target_logits, *parameters)
+
+        def statistics(logits, bonus):
+            """Its rows' statistics, laid out N + bonus a request (flattened too)."""
+            logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
+            layout = None if flattened is None else (
+                flattened.cu_num_draft_tokens, flattened.max_num_draft_tokens + bonus, bonus)
+            return logits, row_statistics(logits, *parameters, layout)
+
+        target_logits, target_stats = statistics(target_logits, 1)
         draft_stats = None
         if draft_logits is not None:
-            draft_logits = (draft_logits if draft_logits.stride(2) == 1
-                            else draft_logits.contiguous())
-            draft_stats = row_statistics(draft_logits, *parameters)
-            draft_probs = draft_logits
+            draft_probs, draft_stats = statistics(draft_logits, 0)
         return verify(draft_probs, draft_token_ids, target_logits, accepted_num, emitted_num,
-                      seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats)
+                      seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats,
+                      flattened=flattened)
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend

@@ -27,6 +27,7 @@ from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, m
                                           winning_token)
 from ...core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 from ..drafts_triton import draft_probabilities
+from ..rows_triton import request_rows
 
 # The row pass's partials, float64 (B (N + 1), S, PARTIAL_FIELDS): program (b, t, s) writes row
 # [b (N + 1) + t, s] with the race fields of core/sampling/race_triton.py (R_t-race key, p_t-race key, the
@@ -40,24 +41,23 @@ MASS_TILE = tl.constexpr(256)
 
 
 @triton.jit
-def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, i,
-                 num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-                 stride_in, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr,
-                 DRAFT_LOGITS: tl.constexpr):
+def _weight_step(w, running, target_row0, draft_row0, ids0, target_stats0, draft_stats0, i,
+                 vocab, stride_tn, stride_dn, stride_in, HAS_DRAFT: tl.constexpr,
+                 LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """(w_{i+1}, whether d_0..d_i are all valid) from (w_i, whether d_0..d_{i-1} are):
     w_{i+1} = min(1, w_i p_i[d_i] / q_i[d_i]) in float64, 0 once the draft has ended. With LOGITS
     (DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
-    d = tl.load(ids_ptr + b * stride_ib + i * stride_in).to(tl.int64)
+    d = tl.load(ids0 + i * stride_in).to(tl.int64)
     valid = (d >= 0) & (d < vocab)
     running = running & valid
     d_safe = tl.where(valid, d, 0)
     p = probabilities_at(
-        tl.load(target_ptr + b * stride_tb + i * stride_tn + d_safe, mask=valid, other=ABSENT),
-        target_stats + (b * (num_draft + 1) + i) * STATS, d, valid, LOGITS).to(tl.float64)
+        tl.load(target_row0 + i * stride_tn + d_safe, mask=valid, other=ABSENT),
+        target_stats0 + i * STATS, d, valid, LOGITS).to(tl.float64)
     if HAS_DRAFT:
         q = probabilities_at(
-            tl.load(draft_ptr + b * stride_db + i * stride_dn + d_safe, mask=valid, other=ABSENT),
-            draft_stats + (b * num_draft + i) * STATS, d, valid, DRAFT_LOGITS).to(tl.float64)
+            tl.load(draft_row0 + i * stride_dn + d_safe, mask=valid, other=ABSENT),
+            draft_stats0 + i * STATS, d, valid, DRAFT_LOGITS).to(tl.float64)
     else:
         q = tl.full([], 1.0, tl.float64)
     num = w * p
@@ -66,32 +66,30 @@ def _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats, draft
 
 
 @triton.jit
-def _weight(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t, num_draft, vocab,
-            stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-            HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+def _weight(target_row0, draft_row0, ids0, target_stats0, draft_stats0, t, vocab, stride_tn,
+            stride_dn, stride_in, HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr,
+            DRAFT_LOGITS: tl.constexpr):
     """w_t over d_0..d_{t-1} (0 past the draft's end), and whether d_0..d_{t-1} are all valid."""
     w = tl.full([], 1.0, tl.float64)
     running = t >= 0
     for i in range(0, t):
-        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats,
-                                  draft_stats, b, i, num_draft, vocab, stride_tb, stride_tn,
-                                  stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, LOGITS,
-                                  DRAFT_LOGITS)
+        w, running = _weight_step(w, running, target_row0, draft_row0, ids0, target_stats0,
+                                  draft_stats0, i, vocab, stride_tn, stride_dn, stride_in,
+                                  HAS_DRAFT, LOGITS, DRAFT_LOGITS)
     return w, running
 
 
 @triton.jit
-def _candidate_row(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t, num_draft,
-                   vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-                   HAS_DRAFT: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+def _candidate_row(target_row0, draft_row0, ids0, target_stats0, draft_stats0, t, num_draft,
+                   vocab, stride_tn, stride_dn, stride_in, HAS_DRAFT: tl.constexpr,
+                   LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """What R_t is formed from: (w_t in float64, the float32 weight of p_t, whether q_t is read,
     the token removed from p_t with one-hot drafts or -1). The draft runs at t when d_t is valid
     after valid d_0..d_{t-1}; elsewhere R_t = p_t."""
-    w, running = _weight(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, t,
-                         num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-                         stride_in, HAS_DRAFT, LOGITS, DRAFT_LOGITS)
+    w, running = _weight(target_row0, draft_row0, ids0, target_stats0, draft_stats0, t, vocab,
+                         stride_tn, stride_dn, stride_in, HAS_DRAFT, LOGITS, DRAFT_LOGITS)
     is_draft = t < num_draft
-    d_t = tl.load(ids_ptr + b * stride_ib + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
+    d_t = tl.load(ids0 + t * stride_in, mask=is_draft, other=-1).to(tl.int64)
     running = running & is_draft & (d_t >= 0) & (d_t < vocab)
     w_row = tl.where(running, w.to(tl.float32), 1.0)
     if HAS_DRAFT:
@@ -173,50 +171,64 @@ def _greedy_races(row_q, token, k_begin, k_end, w_row, read_q, scaled, removed, 
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     do_not_specialize=["ids_ptr", "seed_ptr", "offset_ptr", "partials_ptr", "masses_ptr",
-                       "target_stats_ptr", "draft_stats_ptr", "num_draft",
-                       "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
+                       "target_stats_ptr", "draft_stats_ptr", "cu_ptr", "num_draft",
+                       "num_tokens", "chunks_per_program", "stride_ib", "stride_in", "seed_stride",
                        "offset_stride", "seed_per_request", "cdf_slot", "race_slot0"],
 )
 def block_row_pass_kernel(
     target_ptr,  # (B, N+1, V) target probabilities (LOGITS: logits), vocabulary stride 1
+    # (VARLEN: (T + B, V))
     draft_ptr,  # (B, N, V) draft probabilities (DRAFT_LOGITS: logits), vocabulary stride 1
-    ids_ptr,  # (B, N) draft token ids
+    # (VARLEN: (T, V))
+    ids_ptr,  # (B, N) draft token ids (VARLEN: (T,))
     seed_ptr,  # (1,) or (B,) int64
     offset_ptr,  # (1,) or (B,) int64
     partials_ptr,  # (B (N + 1), S, PARTIAL_FIELDS) float64
     masses_ptr,  # (B (N + 1), K) float32
     target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
-    num_draft, vocab, chunks_per_program,
-    stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+    cu_ptr,  # VARLEN: (B + 1,) cumulative draft counts (unused otherwise)
+    num_draft,  # N (VARLEN: the most drafts of a request)
+    num_tokens,  # VARLEN: T, the drafts of all requests (unused otherwise)
+    vocab, chunks_per_program,
+    stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,  # VARLEN: the b's 0
     seed_stride, offset_stride, seed_per_request,
     cdf_slot, race_slot0,  # Philox slots (slots.py) of the inverse-CDF uniform and of chunk 0
     HAS_DRAFT: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
+    VARLEN: tl.constexpr,  # a flattened batch (rows_triton.py)
 ):
     # 64-bit request and row indices: b * stride never overflows, whatever B * (N + 1) * V.
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     splits = tl.num_programs(2)
+    # n: this request's drafts. Statistics, partials and masses are laid out as a padded batch's.
+    n, target_row0, draft_row0, ids0 = request_rows(
+        b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_tokens, stride_tb, stride_tn,
+        stride_db, stride_dn, stride_ib, stride_in, VARLEN)
+    if VARLEN:
+        if t > n:  # no such row: the scan reads rows 0..n only
+            return
+    row = b * (num_draft + 1) + t
     seed = tl.load(seed_ptr + b * seed_stride)
     offset = tl.load(offset_ptr + b * offset_stride)
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
+    target_stats0 = target_stats_ptr + b * (num_draft + 1) * STATS
+    draft_stats0 = draft_stats_ptr + b * num_draft * STATS
     w, w_row, read_q, removed = _candidate_row(
-        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, t, num_draft,
-        vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT,
-        LOGITS, DRAFT_LOGITS)
+        target_row0, draft_row0, ids0, target_stats0, draft_stats0, t, n, vocab, stride_tn,
+        stride_dn, stride_in, HAS_DRAFT, LOGITS, DRAFT_LOGITS)
     scaled = (removed >= 0) & (w_row != 1.0)
-    row_p = target_ptr + b * stride_tb + t * stride_tn
-    row_q = draft_ptr + b * stride_db + tl.minimum(t, num_draft - 1) * stride_dn
+    row_p = target_row0 + t * stride_tn
+    row_q = draft_row0 + tl.minimum(t, n - 1) * stride_dn  # read only at a draft: t < n
     k_begin = split.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
-    row = b * (num_draft + 1) + t
     masses_row = masses_ptr + row * tl.cdiv(vocab, CHUNK)
-    p_stats = target_stats_ptr + row * STATS
-    q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(t, num_draft - 1)) * STATS
+    p_stats = target_stats0 + t * STATS
+    q_stats = draft_stats0 + tl.minimum(t, n - 1) * STATS
     greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
         greedy, greedy_token = greedy_row(p_stats)
@@ -241,16 +253,16 @@ def block_row_pass_kernel(
 
 
 @triton.jit
-def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
-            stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
-            off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
-            LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
-    """Lanes t = 0..N of request b: the draft ids d (-1 past N), whether the draft has ended at t,
-    and the alignment counter (token verification's coin at every position, judged alone)."""
+def _drafts(target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab,
+            stride_tn, stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi, coin_slot0,
+            HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, LOGITS: tl.constexpr,
+            DRAFT_LOGITS: tl.constexpr):
+    """Lanes t = 0..N of a request of num_draft drafts (rows at the given pointers): the draft ids
+    d (-1 past N), whether the draft has ended at t, and the alignment counter (token
+    verification's coin at every position, judged alone)."""
     t, is_draft, d, valid, p_d, q_d = draft_probabilities(
-        target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
-        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
-        LOGITS, DRAFT_LOGITS)
+        target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab, stride_tn,
+        stride_dn, stride_in, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     length = tl.min(tl.where(is_draft & ~valid, t, num_draft), axis=0)
     coins = philox_uniform(coin_slot0 + 2 * t, stream, off_lo, off_hi, key_lo, key_hi)  # slots.py
     num_accepted = tl.sum((valid & (coins * q_d < p_d)).to(tl.int32), axis=0)
@@ -258,35 +270,33 @@ def _drafts(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_dr
 
 
 @triton.jit
-def _weights(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
-             stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-             HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, LOGITS: tl.constexpr,
-             DRAFT_LOGITS: tl.constexpr):
+def _weights(target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab,
+             stride_tn, stride_dn, stride_in, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+             LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
     """w_t for t = 0..N as lanes: the row pass's _weight for every t, by the same steps."""
     t = tl.arange(0, BLOCK_N)
     weights = tl.where(t == 0, 1.0, 0.0).to(tl.float64)
     w = tl.full([], 1.0, tl.float64)
     running = num_draft >= 0
     for i in range(0, num_draft):
-        w, running = _weight_step(w, running, target_ptr, draft_ptr, ids_ptr, target_stats,
-                                  draft_stats, b, i, num_draft, vocab, stride_tb, stride_tn,
-                                  stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, LOGITS,
-                                  DRAFT_LOGITS)
+        w, running = _weight_step(w, running, target_row0, draft_row0, ids0, target_stats0,
+                                  draft_stats0, i, vocab, stride_tn, stride_dn, stride_in,
+                                  HAS_DRAFT, LOGITS, DRAFT_LOGITS)
         weights = tl.where(t == i + 1, w, weights)
     return weights
 
 
 @triton.jit
-def _row_masses(masses_ptr, b, num_draft, chunks, BLOCK_N: tl.constexpr):
-    """float64 mass of R_t for t = 0..N (lanes): the exact sum of its chunk masses, as
-    core/sampling/sums.py's exact_total."""
+def _row_masses(masses_ptr, b, num_draft, n, chunks, BLOCK_N: tl.constexpr):
+    """float64 mass of R_t for t = 0..n (lanes) of request b, whose rows are laid out N + 1 a
+    request: the exact sum of its chunk masses, as core/sampling/sums.py's exact_total."""
     t = tl.arange(0, BLOCK_N)
     rows = b * (num_draft + 1) + t.to(tl.int64)
     MASS_BLOCK: tl.constexpr = max(1, min(32, MASS_TILE // BLOCK_N))  # chunks a row, at once
     c = tl.arange(0, MASS_BLOCK)
     bins = tl.zeros([BLOCK_N, BIN_LANES], tl.int64)
     for first in range(0, chunks, MASS_BLOCK):
-        in_range = (t <= num_draft)[:, None] & (first + c < chunks)[None, :]
+        in_range = (t <= n)[:, None] & (first + c < chunks)[None, :]
         masses = tl.load(masses_ptr + rows[:, None] * chunks + first + c[None, :], mask=in_range,
                          other=0.0)
         bins = add_masses(bins, masses)
@@ -311,14 +321,16 @@ def _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_
 @triton.jit(
     do_not_specialize=["ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr",
                        "out_ptr", "partials_ptr", "masses_ptr", "target_stats_ptr",
-                       "draft_stats_ptr", "num_draft", "splits", "stride_ib", "stride_in",
+                       "draft_stats_ptr", "cu_ptr", "num_draft", "num_tokens", "splits",
+                       "stride_ib", "stride_in",
                        "stride_acc", "stride_emit", "seed_stride", "offset_stride",
                        "seed_per_request", "stop_slot0"],
 )
 def block_scan_kernel(
-    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
-    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
-    ids_ptr,  # (B, N) draft token ids
+    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1 (VARLEN: (T + B, V))
+    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1, or target_ptr when None
+    # (VARLEN: (T, V))
+    ids_ptr,  # (B, N) draft token ids (VARLEN: (T,))
     accepted_ptr,  # (B,) counter, added to
     emitted_ptr,  # (B,) counter, added to
     seed_ptr,  # (1,) or (B,) int64
@@ -328,12 +340,16 @@ def block_scan_kernel(
     masses_ptr,  # (B (N + 1), K) float32, written by the row pass
     target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
-    num_draft, vocab, splits,
+    cu_ptr,  # VARLEN: (B + 1,) cumulative draft counts (unused otherwise)
+    num_draft,  # N (VARLEN: the most drafts of a request, the output's width less one)
+    num_tokens,  # VARLEN: T, the drafts of all requests (unused otherwise)
+    vocab, splits,
     stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
     seed_stride, offset_stride, seed_per_request,
     stop_slot0,  # eta_t's Philox slot is stop_slot0 + 2t, coin j's stop_slot0 + 1 + 2j (slots.py)
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,
+    VARLEN: tl.constexpr,  # a flattened batch (rows_triton.py)
 ):
     """tau from the row pass's masses, the token at tau, the output row and the counters."""
     b = tl.program_id(0).to(tl.int64)
@@ -342,15 +358,19 @@ def block_scan_kernel(
     key_lo, key_hi = split_int64(seed)
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
+    n, target_row0, draft_row0, ids0 = request_rows(
+        b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_tokens, stride_tb, stride_tn,
+        stride_db, stride_dn, stride_ib, stride_in, VARLEN)
+    target_stats0 = target_stats_ptr + b * (num_draft + 1) * STATS
+    draft_stats0 = draft_stats_ptr + b * num_draft * STATS
     d, ended, num_accepted = _drafts(
-        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
-        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
-        key_lo, key_hi, stop_slot0 + 1, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)  # coin 0's slot
-    w = _weights(target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft,
-                 vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
-                 HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
-    row_mass = _row_masses(masses_ptr, b, num_draft, tl.cdiv(vocab, CHUNK), BLOCK_N)
-    tau = _tau(row_mass, w, num_draft, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+        target_row0, draft_row0, ids0, target_stats0, draft_stats0, n, vocab, stride_tn,
+        stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi, stop_slot0 + 1, HAS_DRAFT,
+        BLOCK_N, LOGITS, DRAFT_LOGITS)  # coin 0's slot
+    w = _weights(target_row0, draft_row0, ids0, target_stats0, draft_stats0, n, vocab,
+                 stride_tn, stride_dn, stride_in, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+    row_mass = _row_masses(masses_ptr, b, num_draft, n, tl.cdiv(vocab, CHUNK), BLOCK_N)
+    tau = _tau(row_mass, w, n, ended, stop_slot0, stream, off_lo, off_hi, key_lo, key_hi,
                BLOCK_N)
     token = winning_token(partials_ptr, b * (num_draft + 1) + tau, splits, PARTIAL_FIELDS,
                           BLOCK_S, False)

@@ -11,6 +11,7 @@ from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
 from ...core.logits.launch import FROM_LOGITS_OPTIONS
 from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
+from ..rows import Flattened, padded_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, block_row_pass_kernel, block_scan_kernel
 
@@ -35,33 +36,31 @@ def block_speculative_sampling_triton(
     num_splits: int | None = None,
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
+    flattened: Flattened | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.block_speculative_sampling_reference``.
 
     ``num_splits`` overrides the programs per row (tests use it to show the output does not depend
     on it). With ``target_stats`` (and ``draft_stats``), target_probs (and draft_probs) hold
-    logits, read through those rows' statistics (core/logits/launch.py). No host
-    synchronisation; two launches; every tensor it allocates is private to the call (safe on
-    concurrent streams and in CUDA graphs).
+    logits, read through those rows' statistics (core/logits/launch.py). With ``flattened``,
+    the batch is flattened (``specops.varlen``): its rows are read where they are, never copied.
+    No host synchronisation; two launches; every tensor it allocates is private to the call (safe
+    on concurrent streams and in CUDA graphs).
     """
-    batch, num_draft = draft_token_ids.shape
-    vocab = target_probs.shape[2]
-    if not num_draft:  # no draft row exists: read none (an empty tensor's pointer is no row)
-        draft_probs = draft_stats = None
+    layout = padded_rows if flattened is None else flattened.rows
+    (batch, num_draft, num_tokens, cu, target_probs, (stride_tb, stride_tn), draft_probs,
+     (stride_db, stride_dn), (stride_ib, stride_in)) = layout(draft_probs, draft_token_ids,
+                                                              target_probs)
+    vocab = target_probs.shape[-1]
+    if draft_probs is None:
+        draft_stats = None
     has_draft = draft_probs is not None
-    if target_probs.stride(2) != 1:  # the row pass needs unit vocabulary stride (16-byte loads)
-        target_probs = target_probs.contiguous()
-    if has_draft and draft_probs.stride(2) != 1:
-        draft_probs = draft_probs.contiguous()
     out = torch.empty((batch, num_draft + 1), dtype=torch.int32, device=target_probs.device)
     if batch == 0:
         return out
-    rows = batch * (num_draft + 1)
+    rows = batch * (num_draft + 1)  # the partials' and masses' rows, N + 1 a request
     chunks = num_chunks(vocab)
     draft = draft_probs if has_draft else target_probs  # placeholder pointer when None
-    stride_tb, stride_tn, _ = target_probs.stride()
-    stride_db, stride_dn = draft_probs.stride()[:2] if has_draft else (0, 0)
-    stride_ib, stride_in = draft_token_ids.stride()
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
     per_request = int(seed.numel() != 1)
@@ -70,10 +69,10 @@ def block_speculative_sampling_triton(
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
     row_constexprs = dict(HAS_DRAFT=has_draft, GROUP=GROUP, CHUNK=CHUNK_SIZE, LOGITS=logits,
-                          DRAFT_LOGITS=draft_logits)
+                          DRAFT_LOGITS=draft_logits, VARLEN=flattened is not None)
     row_args = [target_probs, draft, draft_token_ids, seed, offset,
                 placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
-                target_stats, draft_stats, num_draft, vocab, 0,
+                target_stats, draft_stats, cu, num_draft, num_tokens, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
                 offset_stride, per_request, slots.CDF_SLOT, slots.race_slot(0)]
     row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
@@ -88,17 +87,17 @@ def block_speculative_sampling_triton(
     # layouts), for the scan.
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
     masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
-    row_args[5], row_args[6], row_args[11] = partials, masses, per_program
+    row_args[5], row_args[6], row_args[13] = partials, masses, per_program
     row_pass.fn[(batch, num_draft + 1, splits)](*row_args, **row_constexprs, **row_pass.options)
     # BLOCK_S is fixed: the batch size selects no kernel.
     SCAN.fn[(batch,)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        partials, masses, target_stats, draft_stats, num_draft, vocab, splits, stride_tb,
-        stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
+        partials, masses, target_stats, draft_stats, cu, num_draft, num_tokens, vocab, splits,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
         emitted_num.stride(0), seed_stride, offset_stride, per_request,
         slots.stop_slot(vocab, 0), HAS_DRAFT=has_draft, BLOCK_N=1 << num_draft.bit_length(),
         BLOCK_S=MAX_SPLITS, CHUNK=CHUNK_SIZE, LOGITS=logits, DRAFT_LOGITS=draft_logits,
-        **SCAN.options)
+        VARLEN=flattened is not None, **SCAN.options)
     return out
 
 

@@ -25,6 +25,7 @@ from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, m
                                           race_group, race_start, race_token, store_race_partial,
                                           winning_token)
 from ..drafts_triton import draft_probabilities
+from ..rows_triton import request_rows
 from . import slots
 
 # The Philox slots of the inverse-CDF uniform and of chunk 0's race (slots.py): constants of the
@@ -39,17 +40,17 @@ PARTIAL_FIELDS = RACE_FIELDS
 
 
 @triton.jit
-def _acceptance(target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
-                stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo,
-                off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT: tl.constexpr,
-                BLOCK_N: tl.constexpr, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
-    """Steps 1-4 for request b: (draft ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform,
-    whether a valid draft token was rejected at e, that token (-1 when none)). With LOGITS (and
-    DRAFT_LOGITS) the rows are logits, read through their rows' statistics."""
+def _acceptance(target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab,
+                stride_tn, stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
+                coin_slot0, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+                LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+    """Steps 1-4 for a request of num_draft drafts whose rows start at the given pointers: (draft
+    ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform, whether a valid draft token was
+    rejected at e, that token (-1 when none)). With LOGITS (and DRAFT_LOGITS) the rows are logits,
+    read through their rows' statistics."""
     j, is_draft, d, valid, p_d, q_d = draft_probabilities(
-        target_ptr, draft_ptr, ids_ptr, target_stats, draft_stats, b, num_draft, vocab,
-        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, HAS_DRAFT, BLOCK_N,
-        LOGITS, DRAFT_LOGITS)
+        target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab, stride_tn,
+        stride_dn, stride_in, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
     # One Philox call: lane j < N draws position j's coin (slot coin_slot0 + 2j, slots.py), lane
     # N the inverse-CDF uniform.
     coins = philox_uniform(tl.where(j == num_draft, CDF_SLOT, coin_slot0 + 2 * j), stream, off_lo,
@@ -117,13 +118,14 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
-    "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "num_draft",
+    "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "cu_ptr", "num_draft", "num_tokens",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
     "seed_per_request", "chunks_per_program", "coin_slot0"])
 def chain_speculative_sampling_kernel(
-    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1
-    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
-    ids_ptr,  # (B, N) draft token ids
+    target_ptr,  # (B, N+1, V) target probabilities, vocabulary stride 1 (VARLEN: (T + B, V))
+    draft_ptr,  # (B, N, V) draft probabilities, vocabulary stride 1, or target_ptr when None
+    # (VARLEN: (T, V))
+    ids_ptr,  # (B, N) draft token ids (VARLEN: (T,))
     accepted_ptr,  # (B,) counter, added to
     emitted_ptr,  # (B,) counter, added to
     seed_ptr,  # (1,) or (B,) int64
@@ -133,12 +135,16 @@ def chain_speculative_sampling_kernel(
     arrivals_ptr,  # (B,) int32 when P > 1, zero before the launch and after it (unused when 1)
     target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
-    num_draft, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+    cu_ptr,  # VARLEN: (B + 1,) cumulative draft counts (unused otherwise)
+    num_draft,  # N (VARLEN: the most drafts of a request, the output's width less one)
+    num_tokens,  # VARLEN: T, the drafts of all requests (unused otherwise)
+    vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,  # VARLEN: the b's 0
     stride_acc, stride_emit, seed_stride, offset_stride, seed_per_request, chunks_per_program,
     coin_slot0,  # position 0's coin's Philox slot, 1 + K (slots.py); position j's: + 2j
     HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
     BLOCK_P: tl.constexpr,  # the most programs per request, a power of 2
+    VARLEN: tl.constexpr,  # a flattened batch (rows_triton.py)
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     program = tl.program_id(1)
@@ -149,22 +155,27 @@ def chain_speculative_sampling_kernel(
     off_lo, off_hi = split_int64(offset)
     stream = tl.where(seed_per_request != 0, 0, b)
     race_slot0 = tl.full([], RACE_SLOT0, tl.int32)  # a value, as the interpreter needs it
+    # n: this request's drafts; the statistics are laid out as a padded batch's, N per request.
+    n, target_row0, draft_row0, ids0 = request_rows(
+        b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_tokens, stride_tb, stride_tn,
+        stride_db, stride_dn, stride_ib, stride_in, VARLEN)
+    target_stats0 = target_stats_ptr + b * (num_draft + 1) * STATS
+    draft_stats0 = draft_stats_ptr + b * num_draft * STATS
     d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
-        target_ptr, draft_ptr, ids_ptr, target_stats_ptr, draft_stats_ptr, b, num_draft, vocab,
-        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stream, off_lo, off_hi,
-        key_lo, key_hi, coin_slot0,
-        HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+        target_row0, draft_row0, ids0, target_stats0, draft_stats0, n, vocab, stride_tn,
+        stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT,
+        BLOCK_N, LOGITS, DRAFT_LOGITS)
     if program == 0:
         _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
                                    num_draft, stride_acc, stride_emit, BLOCK_N)
     e64 = e.to(tl.int64)
-    row_p = target_ptr + b * stride_tb + e64 * stride_tn
-    row_q = draft_ptr + b * stride_db + tl.minimum(e64, num_draft - 1) * stride_dn
+    row_p = target_row0 + e64 * stride_tn
+    row_q = draft_row0 + tl.minimum(e64, n - 1) * stride_dn  # read only at a draft: e < n
     read_q = HAS_DRAFT & residual_at_e
     k_begin = program.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
-    p_stats = target_stats_ptr + (b * (num_draft + 1) + e64) * STATS
-    q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(e64, num_draft - 1)) * STATS
+    p_stats = target_stats0 + e64 * STATS
+    q_stats = draft_stats0 + tl.minimum(e64, n - 1) * STATS
     greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
         greedy, greedy_token = greedy_row(p_stats)

@@ -13,6 +13,7 @@ from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
 from ...core.logits.launch import FROM_LOGITS_OPTIONS
 from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
+from ..rows import Flattened, padded_rows
 from . import slots
 from .kernel import PARTIAL_FIELDS, chain_speculative_sampling_kernel
 
@@ -49,6 +50,7 @@ def chain_speculative_sampling_triton(
     programs: int | None = None,
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
+    flattened: Flattened | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
@@ -56,33 +58,24 @@ def chain_speculative_sampling_triton(
     ``programs`` overrides the programs per request (tests use it to show the output does not
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
-    statistics (core/logits/launch.py). No host synchronisation. Every tensor it allocates is
-    the call's own (safe on concurrent streams and in CUDA graphs).
+    statistics (core/logits/launch.py). With ``flattened``, the batch is flattened
+    (``specops.varlen``): its rows are read where they are, never copied. No host
+    synchronisation. Every tensor it allocates is the call's own (safe on concurrent streams and
+    in CUDA graphs).
     """
-    batch, num_draft = draft_token_ids.shape
-    vocab = target_probs.shape[2]
-    if not num_draft:  # no draft row exists: read none (an empty tensor's pointer is no row)
-        draft_probs = draft_stats = None
+    rows = padded_rows if flattened is None else flattened.rows
+    (batch, num_draft, num_tokens, cu, target_probs, (stride_tb, stride_tn), draft_probs,
+     (stride_db, stride_dn), (stride_ib, stride_in)) = rows(draft_probs, draft_token_ids,
+                                                            target_probs)
+    vocab = target_probs.shape[-1]
+    if draft_probs is None:
+        draft_stats = None
     has_draft = draft_probs is not None
-    # The row pass needs unit vocabulary stride (16-byte loads); other strides are passed through.
-    stride_tb, stride_tn, stride_tv = target_probs.stride()
-    if stride_tv != 1:
-        target_probs = target_probs.contiguous()
-        stride_tb, stride_tn, _ = target_probs.stride()
-    if has_draft:
-        stride_db, stride_dn, stride_dv = draft_probs.stride()
-        if stride_dv != 1:
-            draft_probs = draft_probs.contiguous()
-            stride_db, stride_dn, _ = draft_probs.stride()
-        draft = draft_probs
-    else:
-        stride_db = stride_dn = 0
-        draft = target_probs  # placeholder pointer
+    draft = draft_probs if has_draft else target_probs  # a placeholder pointer when None
     device = target_probs.device
     out = torch.empty(batch, num_draft + 1, dtype=torch.int32, device=device)
     if batch == 0:
         return out
-    stride_ib, stride_in = draft_token_ids.stride()
     stride_acc, stride_emit = accepted_num.stride()[0], emitted_num.stride()[0]
     seed_per_request = seed.numel() != 1
     seed_stride = seed.stride()[0] if seed_per_request else 0
@@ -94,14 +87,15 @@ def chain_speculative_sampling_triton(
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
     constexprs = dict(HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
-                      LOGITS=logits, DRAFT_LOGITS=draft_logits, BLOCK_P=MAX_PROGRAMS_PER_REQUEST)
+                      LOGITS=logits, DRAFT_LOGITS=draft_logits, BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
+                      VARLEN=flattened is not None)
     main = MAIN_FROM_LOGITS if logits else MAIN
     # The plan's look-up runs before the partials exist: the placeholders have their dtypes.
     resources = main.resources(target_probs, draft, draft_token_ids, accepted_num, emitted_num,
                                seed, offset, out, no_stats, no_arrivals, target_stats,
-                               draft_stats, num_draft, vocab, stride_tb, stride_tn, stride_db,
-                               stride_dn, stride_ib, stride_in, stride_acc, stride_emit,
-                               seed_stride, offset_stride, int(seed_per_request), 1,
+                               draft_stats, cu, num_draft, num_tokens, vocab, stride_tb,
+                               stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc,
+                               stride_emit, seed_stride, offset_stride, int(seed_per_request), 1,
                                coin_slot0, **constexprs)
     programs, per_program = occupancy.row_split(resources, batch, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
@@ -115,10 +109,10 @@ def chain_speculative_sampling_triton(
         partials, arrivals = no_stats, no_arrivals
     main.fn[(batch, programs)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        partials, arrivals, target_stats, draft_stats, num_draft, vocab, stride_tb, stride_tn,
-        stride_db, stride_dn, stride_ib, stride_in, stride_acc, stride_emit, seed_stride,
-        offset_stride, int(seed_per_request), per_program, coin_slot0, **constexprs,
-        **main.options)
+        partials, arrivals, target_stats, draft_stats, cu, num_draft, num_tokens, vocab,
+        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc,
+        stride_emit, seed_stride, offset_stride, int(seed_per_request), per_program, coin_slot0,
+        **constexprs, **main.options)
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..launch.launcher import TritonKernel, build_options
+from ..launch.launcher import TritonKernel, build_options, placeholder
 from ..sampling.race import CHUNK_SIZE
 from .triton import processed_rows_kernel, row_statistics_kernel
 
@@ -24,19 +24,32 @@ PROCESSED = TritonKernel(processed_rows_kernel, **build_options(4))
 
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor,
+                   flattened: tuple[torch.Tensor, int, int] | None = None) -> torch.Tensor:
     """float64 (B * positions, STATS_FIELDS) statistics of every row of logits (B, positions, V)
-    (vocabulary stride 1), under each request's parameters (1 or B values each)."""
-    batch, positions, vocab = logits.shape
+    (vocabulary stride 1), under each request's parameters (1 or B values each).
+
+    ``flattened`` = (cu, positions, bonus): the logits are a flattened batch's (rows, V), request
+    b's n_b + bonus rows from row cu[b] + b * bonus (core/launch/rows_triton.py); the statistics
+    are laid out ``positions`` a request, as a padded batch's, and written for its rows only."""
+    if flattened is None:
+        batch, positions, vocab = logits.shape
+        stride_b, stride_n, _ = logits.stride()
+        cu, num_tokens, bonus = placeholder(logits.device, torch.int64), 0, 0
+    else:
+        cu, positions, bonus = flattened
+        batch, vocab = cu.shape[0] - 1, logits.shape[1]
+        num_tokens = logits.shape[0] - batch * bonus  # T: the drafts' rows
+        stride_b, stride_n = 0, logits.stride(0)
     stats = torch.empty((batch * positions, STATS_FIELDS), dtype=torch.float64,
                         device=logits.device)
     if stats.numel() == 0:
         return stats
-    stride_b, stride_n, _ = logits.stride()
     strides = [int(p.numel() != 1) * p.stride(0) for p in (temperature, top_k, top_p, min_p)]
-    STATISTICS.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p,
-                                        positions, vocab, stride_b, stride_n, *strides,
-                                        CHUNK=CHUNK_SIZE, **STATISTICS.options)
+    STATISTICS.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p, cu,
+                                        positions, num_tokens, bonus, vocab, stride_b, stride_n,
+                                        *strides, CHUNK=CHUNK_SIZE, VARLEN=flattened is not None,
+                                        **STATISTICS.options)
     return stats
 
 

@@ -22,6 +22,7 @@ float32 bit patterns of t in [0, 1], one pass over the row per step: a row takes
 import triton
 import triton.language as tl
 
+from ..launch.rows_triton import flattened_request
 from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
 from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS, load_stats, processed
@@ -158,21 +159,34 @@ def _keep_limit(coef, floor):
 # Specialised on the row addressing only (the logits pointer, V and the row strides: 16-byte row
 # loads); no value of the other arguments compiles another kernel.
 @triton.jit(do_not_specialize=["stats_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr",
-                               "min_p_ptr", "positions", "temperature_stride", "top_k_stride",
-                               "top_p_stride", "min_p_stride"])
+                               "min_p_ptr", "cu_ptr", "positions", "num_tokens", "bonus",
+                               "temperature_stride", "top_k_stride", "top_p_stride",
+                               "min_p_stride"])
 def row_statistics_kernel(
-    logits_ptr,  # (B, positions, V) logits, vocabulary stride 1
-    stats_ptr,  # (B * positions, STATS) float64, written
+    logits_ptr,  # (B, positions, V) logits, vocabulary stride 1 (VARLEN: (T + B bonus, V))
+    stats_ptr,  # (B * positions, STATS) float64, written (VARLEN: request b's rows only)
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # (1,) or (B,) each
-    positions, vocab, stride_b, stride_n,
+    cu_ptr,  # VARLEN: (B + 1,) cumulative draft counts (unused otherwise)
+    positions,  # rows a request (VARLEN: the most a request has)
+    num_tokens,  # VARLEN: T, the drafts of all requests (unused otherwise)
+    bonus,  # VARLEN: 1 where request b has n_b + 1 rows (a target's), 0 where n_b (a draft's)
+    vocab, stride_b, stride_n,  # VARLEN: stride_b unused
     temperature_stride, top_k_stride, top_p_stride, min_p_stride,  # 0 for one value for all
     CHUNK: tl.constexpr,
+    VARLEN: tl.constexpr,  # a flattened batch (core/launch/rows_triton.py)
 ):
     """One program per row: its statistics (module docstring), as logits.processed_rows
-    decides them."""
+    decides them. The statistics are laid out as a padded batch's, ``positions`` a request."""
     row = tl.program_id(0).to(tl.int64)
     b = row // positions
-    logits_row = logits_ptr + b * stride_b + (row % positions) * stride_n
+    t = row % positions
+    if VARLEN:
+        start, n = flattened_request(b, cu_ptr, positions - bonus, num_tokens)
+        if t >= n + bonus:  # no such row
+            return
+        logits_row = logits_ptr + (start + b * bonus + t) * stride_n
+    else:
+        logits_row = logits_ptr + b * stride_b + t * stride_n
     temperature = tl.load(temperature_ptr + b * temperature_stride).to(tl.float32)
     top_k = tl.load(top_k_ptr + b * top_k_stride).to(tl.int64)
     top_p = tl.load(top_p_ptr + b * top_p_stride).to(tl.float32)

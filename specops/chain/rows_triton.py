@@ -1,0 +1,21 @@
+"""Where a request's rows are, for the token and block kernels: a padded batch (B, N + 1, V) or a
+flattened one (core/launch/rows_triton.py)."""
+
+import triton
+import triton.language as tl
+
+from ..core.launch.rows_triton import flattened_request
+
+
+@triton.jit
+def request_rows(b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_tokens, stride_tb,
+                 stride_tn, stride_db, stride_dn, stride_ib, stride_in, VARLEN: tl.constexpr):
+    """(request b's number of drafts n, its first target row, first draft row and first id).
+    Padded: n = N, rows b of each tensor. VARLEN: n = cu[b + 1] - cu[b] (clamped), drafts from
+    row cu[b] of the T drafts, target rows from row cu[b] + b."""
+    if VARLEN:
+        start, n = flattened_request(b, cu_ptr, num_draft, num_tokens)
+        return (n, target_ptr + (start + b) * stride_tn, draft_ptr + start * stride_dn,
+                ids_ptr + start * stride_in)
+    return (num_draft + tl.zeros([], tl.int64), target_ptr + b * stride_tb,
+            draft_ptr + b * stride_db, ids_ptr + b * stride_ib)

@@ -1,0 +1,128 @@
+"""The public functions of verification on a flattened batch (docs/api.md, "Flattened
+batches"): each checks its arguments under the caller's names and runs a registered op."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
+from ..chain.arguments import check_counters_apart
+from ..core.logits import parameters as params
+from ..core.ops.checks import require_tensor
+from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
+from .arguments import Names, check_layout, check_logits_layout
+from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
+                 varlen_chain_block_speculative_sampling_op,
+                 varlen_chain_speculative_sampling_from_logits_op,
+                 varlen_chain_speculative_sampling_op)
+
+NAMES = Names(PUBLIC_NAMES)
+LOGITS_NAMES = Names(PUBLIC_NAMES._replace(target_probs="target_logits"))
+
+
+def _opening(verification, target, target_name, cu, accepted, emitted):
+    """The verification mode checked, the counters given or new (B from ``cu``'s length)."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
+    require_tensor(target_name, target)
+    require_tensor(NAMES.cu_num_draft_tokens, cu)
+    batch = max(cu.shape[0] - 1, 0) if cu.dim() == 1 else 0
+    if accepted is None:
+        accepted = torch.zeros(batch, dtype=torch.int32, device=target.device)
+    if emitted is None:
+        emitted = torch.zeros(batch, dtype=torch.int32, device=target.device)
+    return target.device, accepted, emitted
+
+
+def chain_speculative_sampling(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    max_num_draft_tokens: int,
+    maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+    maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+    *,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+    verification: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``specops.chain_speculative_sampling`` on a flattened batch: request b gets exactly the
+    tokens and counts the padded function gives it (its drafts padded with -1 to any width, the
+    same seeds and offsets).
+
+    Args:
+        draft_probs: (T, V) draft probabilities of every request's drafts, stacked, or None
+            (one-hot drafts).
+        draft_token_ids: (T,) int32/int64: request b's drafts are [cu[b], cu[b + 1]).
+        target_probs: (T + B, V): request b's N_b + 1 rows (its drafts' positions, then the bonus
+            position) from row cu[b] + b, stacked in request order.
+        cu_num_draft_tokens: (B + 1,) int32/int64 on the same device: 0 = cu[0] <= ... <= cu[B]
+            = T.
+        max_num_draft_tokens: an int >= every N_b: the output is (B, max + 1).
+        maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num, generator, seed,
+            offset, verification: as in ``specops.chain_speculative_sampling``.
+
+    Returns:
+        (output_token_ids (B, max_num_draft_tokens + 1) int32 with -1 after the emitted tokens,
+        accepted, emitted).
+    """
+    device, accepted, emitted = _opening(verification, target_probs, "target_probs",
+                                         cu_num_draft_tokens, maybe_output_accepted_token_num,
+                                         maybe_output_emitted_draft_token_num)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+    check_layout(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
+                 max_num_draft_tokens, accepted, emitted, seed_t, offset_t, NAMES)
+    if not torch.compiler.is_compiling():  # under Dynamo the op's fake runs it
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
+    verifier = (varlen_chain_speculative_sampling_op if verification == "token"
+                else varlen_chain_block_speculative_sampling_op)
+    output = verifier(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
+                      max_num_draft_tokens, accepted, emitted, seed_t, offset_t)
+    return output, accepted, emitted
+
+
+def chain_speculative_sampling_from_logits(
+    draft_probs: Optional[torch.Tensor],
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    max_num_draft_tokens: int,
+    maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+    maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+    *,
+    temperature: Number = 1.0,
+    top_k: Number = None,
+    top_p: Number = None,
+    min_p: Number = None,
+    draft_logits: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    seed: SeedLike = None,
+    offset: SeedLike = None,
+    verification: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``specops.chain_speculative_sampling_from_logits`` on a flattened batch: the layout of
+    ``chain_speculative_sampling`` above (``target_logits`` (T + B, V), ``draft_logits`` (T, V)),
+    each request's sampling parameters (1 or B values) applied to its rows; request b gets exactly
+    the tokens and counts the padded function gives it."""
+    device, accepted, emitted = _opening(verification, target_logits, "target_logits",
+                                         cu_num_draft_tokens, maybe_output_accepted_token_num,
+                                         maybe_output_emitted_draft_token_num)
+    seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
+    parameters = {name: params.as_parameter(name, value, device)
+                  for name, value in (("temperature", temperature), ("top_k", top_k),
+                                      ("top_p", top_p), ("min_p", min_p))}
+    check_logits_layout(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
+                        max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
+                        parameters, LOGITS_NAMES)
+    if not torch.compiler.is_compiling():
+        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
+    verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
+                else varlen_chain_block_speculative_sampling_from_logits_op)
+    output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
+                      max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
+                      *parameters.values())
+    return output, accepted, emitted
