@@ -131,3 +131,15 @@ def test_tree_verification_benchmark_quick():
     for line in gains:
         tree, chain = (float(x) for x in re.findall(r"(?:tree|chain) ([0-9.]+)", line))
         assert tree > chain and "lossless PASS" in line, line
+
+
+def test_varlen_benchmark_runs():
+    """benchmarks/varlen.py at a small size: both length mixes, both verifications, every column
+    a positive time."""
+    proc = run_script([str(BENCH / "varlen.py"), "--batch", "4", "--vocab", "2000"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("mixed", "uniform"))]
+    assert [row[:2] for row in rows] == [["mixed", "token"], ["mixed", "block"],
+                                         ["uniform", "token"], ["uniform", "block"]], proc.stdout
+    assert all(float(x) > 0 for row in rows for x in row[2:]), proc.stdout
