@@ -43,10 +43,10 @@ def padded_rows(counts: list[int], most: int, device):
     """The gathers an engine's padding does: (B, most + 1) target-row and (B, most) draft-row
     indices, and the (B, most) mask of real drafts."""
     rows_t, rows_d, real = [], [], []
-    start = 0
+    start, last = 0, max(sum(counts) - 1, 0)
     for b, n in enumerate(counts):
         rows_t.append([start + b + min(t, n) for t in range(most + 1)])
-        rows_d.append([start + min(j, max(n - 1, 0)) for j in range(most)])
+        rows_d.append([min(start + min(j, max(n - 1, 0)), last) for j in range(most)])
         real.append([j < n for j in range(most)])
         start += n
     return (torch.tensor(rows_t, device=device), torch.tensor(rows_d, device=device),
