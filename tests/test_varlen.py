@@ -371,3 +371,23 @@ def test_cuda_graph_replay_follows_new_layouts(verification):
         t.copy_(value)
     graph.replay()
     torch.testing.assert_close(out, step(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op, logits", OPS[::3])
+@pytest.mark.parametrize("bad", ["target rows", "max"])
+def test_bad_shapes_raise_the_same_error_at_trace_time(op, logits, bad):
+    """The op's fake checks as its kernel does: the eager error, under fake tensors and inside
+    torch.compile (fullgraph)."""
+    from tracing import (assert_same_error_under_compile,  # tests/tracing.py
+                         assert_same_error_under_fake_tensors, message_of)
+
+    args = list(_op_arguments(logits))
+    if bad == "target rows":
+        args[2] = args[2][:-1]
+    else:
+        args[4] = 1  # fewer than the longest request's 3 drafts
+    message = message_of(ValueError, op, *args)
+    assert ("target_probs" if not logits else "target_logits") in message or \
+        "max_num_draft_tokens" in message
+    assert_same_error_under_fake_tensors(op, args, ValueError, message)
+    assert_same_error_under_compile(op, args, ValueError, message)
