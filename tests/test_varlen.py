@@ -257,7 +257,11 @@ def test_triton_path_matches_the_reference(verification, mode, dtype):
     """The kernels on the flattened rows against the reference on the padded batch, token for
     token; rows of probabilities over a chunk (1024), so that they span chunks (from logits, the
     interpreter's threshold searches make a row slow: one chunk)."""
-    vocab = 1100 if mode in ("probabilities", "one-hot") else 300
+    _triton_against_reference(verification, mode, dtype,
+                              1100 if mode in ("probabilities", "one-hot") else 300)
+
+
+def _triton_against_reference(verification, mode, dtype, vocab):
     inputs = flattened(COUNTS, vocab, seed=6, dtype=dtype, device=DEVICE)
     parameters = {name: value.to(DEVICE) for name, value in PARAMETERS.items()}
     results = []
@@ -348,6 +352,16 @@ def test_compiled_fullgraph_equals_eager_for_every_mix_of_lengths(op, logits, ba
         assert len(compiles) == 1
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("verification", ["token", "block"])
+@pytest.mark.parametrize("mode", MODES)
+def test_the_kernels_match_the_reference_on_the_gpu(verification, mode):
+    """The flattened kernels on a GPU, at a vocabulary of many chunks, against the reference."""
+    _triton_against_reference(verification, mode, torch.bfloat16, 32000)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_cuda_graph_replay_follows_new_layouts(verification):
