@@ -15,7 +15,7 @@ def request_rows(b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_token
     row cu[b] of the T drafts, target rows from row cu[b] + b."""
     if VARLEN:
         start, n = flattened_request(b, cu_ptr, num_draft, num_tokens)
-        return (n, target_ptr + (start + b) * stride_tn, draft_ptr + start * stride_dn,
+        return (n.to(tl.int32), target_ptr + (start + b) * stride_tn, draft_ptr + start * stride_dn,
                 ids_ptr + start * stride_in)
-    return (num_draft + tl.zeros([], tl.int64), target_ptr + b * stride_tb,
+    return (num_draft, target_ptr + b * stride_tb,
             draft_ptr + b * stride_db, ids_ptr + b * stride_ib)

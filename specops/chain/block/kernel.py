@@ -210,7 +210,6 @@ def block_row_pass_kernel(
     if VARLEN:
         if t > n:  # no such row: the scan reads rows 0..n only
             return
-    row = b * (num_draft + 1) + t
     seed = tl.load(seed_ptr + b * seed_stride)
     offset = tl.load(offset_ptr + b * offset_stride)
     key_lo, key_hi = split_int64(seed)
@@ -226,9 +225,10 @@ def block_row_pass_kernel(
     row_q = draft_row0 + tl.minimum(t, n - 1) * stride_dn  # read only at a draft: t < n
     k_begin = split.to(tl.int64) * chunks_per_program
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
+    row = b * (num_draft + 1) + t
     masses_row = masses_ptr + row * tl.cdiv(vocab, CHUNK)
-    p_stats = target_stats0 + t * STATS
-    q_stats = draft_stats0 + tl.minimum(t, n - 1) * STATS
+    p_stats = target_stats_ptr + row * STATS
+    q_stats = draft_stats_ptr + (b * num_draft + tl.minimum(t, n - 1)) * STATS
     greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
         greedy, greedy_token = greedy_row(p_stats)
