@@ -92,7 +92,8 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
                   "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
                   "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST, "VARLEN": varlen}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
-                              (launch.MAIN_FROM_LOGITS if logits else launch.MAIN).options)
+                              (launch.MAIN_FROM_LOGITS if logits else launch.MAIN_FLATTENED
+                               if varlen else launch.MAIN).options)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,

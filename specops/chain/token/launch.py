@@ -9,7 +9,7 @@ import functools
 import torch
 
 from ...core.launch import occupancy
-from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
+from ...core.launch.launcher import FOUR_WARPS, TritonKernel, build_options, placeholder
 from ...core.logits.launch import FROM_LOGITS_OPTIONS
 from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
@@ -24,6 +24,9 @@ GROUP = 128
 # tests/sass.py compiles each kernel with its options, read from these.
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **FOUR_WARPS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
+# A flattened batch's: given no register cap, Triton 3.6's ptxas kept its bf16 variant to 72
+# registers and spilled 8 bytes; with a cap of 128 it takes what it needs.
+MAIN_FLATTENED = TritonKernel(chain_speculative_sampling_kernel, **build_options(4, maxnreg=128))
 FIELDS = PARTIAL_FIELDS.value
 
 
@@ -89,7 +92,7 @@ def chain_speculative_sampling_triton(
     constexprs = dict(HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
                       LOGITS=logits, DRAFT_LOGITS=draft_logits, BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
                       VARLEN=flattened is not None)
-    main = MAIN_FROM_LOGITS if logits else MAIN
+    main = MAIN_FROM_LOGITS if logits else MAIN if flattened is None else MAIN_FLATTENED
     # The plan's look-up runs before the partials exist: the placeholders have their dtypes.
     resources = main.resources(target_probs, draft, draft_token_ids, accepted_num, emitted_num,
                                seed, offset, out, no_stats, no_arrivals, target_stats,
