@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specops
+import specops.varlen
 from specops.core.logits import rule as processing
 
 OP = torch.ops.specops.chain_speculative_sampling_from_logits
@@ -200,6 +201,32 @@ def test_validation_mode_refuses_bad_values_inside_parameter_tensors(monkeypatch
     target[0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="target_logits must be a number or -inf"):
         specops.chain_speculative_sampling_from_logits(None, ids, target, seed=1)
+
+
+def _top_k_of_minus_one(entry, top_k):
+    target, draft, ids = inputs()
+    batch, positions, vocab = target.shape
+    if entry == "varlen":
+        cu = torch.arange(batch + 1) * (positions - 1)
+        return specops.varlen.chain_speculative_sampling_from_logits(
+            None, ids.reshape(-1), target.reshape(-1, vocab), cu, positions - 1, top_k=top_k)
+    if entry == "tree":
+        parents = torch.arange(positions - 1).expand(batch, -1)
+        return specops.tree_speculative_sampling_from_logits(None, ids, parents, target,
+                                                             top_k=top_k)
+    return specops.chain_speculative_sampling_from_logits(None, ids, target, top_k=top_k,
+                                                          verification=entry)
+
+
+@pytest.mark.parametrize("entry", ["token", "block", "varlen", "tree"])
+def test_a_top_k_of_minus_one_is_refused_by_name(monkeypatch, entry):
+    # vLLM and others write -1 for "off"; here 0 is, and the message says so.
+    message = r"top_k must be an int >= 0 \(0: off, where some engines write -1\); got -1"
+    with pytest.raises(ValueError, match=message):
+        _top_k_of_minus_one(entry, -1)
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    with pytest.raises(ValueError, match=message + r" at index \(1,\)"):
+        _top_k_of_minus_one(entry, torch.tensor([0, -1, 3, 0]))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

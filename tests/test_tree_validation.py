@@ -133,6 +133,11 @@ def _parents(*rows):
     ("draft negative", dict(draft_probs=torch.full((B, M + 1, V), 0.2).index_put_(
         (torch.tensor([2]), torch.tensor([1]), torch.tensor([4])), torch.tensor(-0.5))),
      ["draft_probs", "-0.5"]),
+    ("target doubled", dict(target_probs=torch.full((B, M + 1, V), 0.4)),
+     ["target_probs", "sums to 2", "(0, 0)"]),
+    ("draft softmax over the nodes", dict(draft_probs=torch.softmax(
+        torch.arange(B * (M + 1) * V, dtype=torch.float32).reshape(B, M + 1, V), dim=1)),
+     ["draft_probs", "(0, 0)", "another dimension"]),
 ])
 def test_validate_mode_raises(monkeypatch, what, changes, fragments):
     monkeypatch.delenv("SPECOPS_VALIDATE", raising=False)
@@ -167,6 +172,8 @@ def test_validate_mode_accepts_padding_and_unread_rows(monkeypatch):
     parents[:, 3] = 1  # node 4 under node 1, beside node 3
     tokens, _, _ = specops.tree_speculative_sampling(q, ids, parents, p, seed=1)
     assert tokens.shape == (B, M + 1)
+    p[:, 2] = 3.0  # finite, but no probability row: unread, so not checked either
+    specops.tree_speculative_sampling(q, ids, parents, p, seed=1)
 
 
 def test_default_mode_treats_a_malformed_node_as_absent(monkeypatch):

@@ -162,6 +162,8 @@ def validate_call(q, d, p):
         ("draft -inf", ["draft_probs", "-inf"]),
         ("draft negative", ["draft_probs", "-0.25"]),
         ("target huge", ["target_probs", "2**117"]),
+        ("target doubled", ["target_probs", "sums to 2", "(1, 2)"]),
+        ("draft halved", ["draft_probs", "sums to 0.5", "(2, 0)"]),
     ],
 )
 def test_validate_mode_raises(monkeypatch, what, fragments):
@@ -178,6 +180,8 @@ def test_validate_mode_raises(monkeypatch, what, fragments):
         "draft -inf": lambda: q.__setitem__((2, 0, 0), float("-inf")),
         "draft negative": lambda: q.__setitem__((1, 0, 2), -0.25),
         "target huge": lambda: p.__setitem__((1, 0, 1), 2.0**117),
+        "target doubled": lambda: p[1, 2].mul_(2),
+        "draft halved": lambda: q[2, 0].mul_(0.5),
     }
     edits[what]()
     # Default mode: no error.
@@ -202,6 +206,14 @@ def test_validate_mode_accepts_clean_input_and_padding(monkeypatch):
     assert out.shape == (B, N + 1)
     for dtype in (torch.float16, torch.bfloat16):
         specops.chain_speculative_sampling(None, d, args["target_probs"].to(dtype), seed=3)
+    # Rows past a draft's end are never read, so their mass is not checked; a row without mass
+    # has a rule of its own; rounding is within the tolerance.
+    p, q = args["target_probs"].clone(), args["draft_probs"].clone()
+    p[0, 2], q[0, 1] = 3.0, 0.0
+    p[1, 0] = 0.0
+    p[2, 1] *= 1.005
+    specops.chain_speculative_sampling(q, d, p, seed=3)
+    specops.chain_speculative_sampling(q, d, p, seed=3, verification="block")
     monkeypatch.setenv("SPECOPS_VALIDATE", "0")  # "0" means off
     d[2, 0] = -7
     specops.chain_speculative_sampling(None, d, args["target_probs"], seed=3)

@@ -201,6 +201,24 @@ def test_bad_layouts_are_refused_under_validation(cu, message, monkeypatch):
                                                              top_p=0.9, verification="block")
 
 
+def test_rows_far_from_one_are_refused_where_read_under_validation(monkeypatch):
+    draft, ids, target, cu, logits, _ = flattened(COUNTS, 40)
+    ids[3] = -1  # request 2 (drafts 2..4, target rows 4..7) ends after its first draft
+    target[7] *= 3  # read by no request: past request 2's end
+    draft[4] *= 3
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    specops.varlen.chain_speculative_sampling(draft, ids, target, cu, MOST)
+    for rows, index, name in ((target, 5, "target_probs"), (draft, 2, "draft_probs")):
+        bad = rows.clone()
+        bad[index] *= 2
+        given = {"draft_probs": draft, "target_probs": target, name: bad}
+        with pytest.raises(ValueError, match=rf"{name} must hold probability rows.*\({index},\)"):
+            specops.varlen.chain_speculative_sampling(given["draft_probs"], ids,
+                                                      given["target_probs"], cu, MOST)
+    with pytest.raises(ValueError, match="draft_probs must hold probability rows"):
+        specops.varlen.chain_speculative_sampling_from_logits(2 * draft, ids, logits, cu, MOST)
+
+
 def _with_backend(backend, function, *args, **kwargs):
     previous = os.environ.get("SPECOPS_BACKEND")
     os.environ["SPECOPS_BACKEND"] = backend

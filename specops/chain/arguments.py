@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index, overlaps,
-                               require_tensor, shape)
+from ..core.ops.checks import (check_row_masses, device_error, dtype_error, dtype_name,
+                               first_bad_index, overlaps, require_tensor, shape)
 from ..core.sampling.probs import PROBABILITY_BOUND
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -216,13 +216,18 @@ def check_values(
     names: ArgumentNames = OP_NAMES,
     probabilities: bool = True,
     vocab: int | None = None,
+    rows_read: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """SPECOPS_VALIDATE=1: reject data that the op would otherwise tolerate silently.
 
     Ids must be -1 (padding) or in [0, vocab_size); probabilities must lie in
-    [0, PROBABILITY_BOUND) (finite, and too small to overflow a chunk's float32 sum). vocab: the
-    vocabulary size, when the rows are a shard of it (default: the rows' width).
+    [0, PROBABILITY_BOUND) (finite, and too small to overflow a chunk's float32 sum), and the rows
+    the op reads must sum to 1 or 0 (``check_row_masses``). vocab: the vocabulary size, when the
+    rows are a shard of it (default: the rows' width; a shard's masses are not checked here).
+    rows_read: (the target's (..., N + 1), the draft's (..., N)) bool, the rows the op reads; by
+    default those of padded drafts (``padded_rows_read``).
     """
+    whole_rows = vocab is None
     vocab = target_probs.shape[-1] if vocab is None else vocab
     where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
     if where is not None:
@@ -243,3 +248,17 @@ def check_values(
                 f"{name} must be finite, >= 0 and below 2**117; got {float(probs[where])} at "
                 f"index {where} (SPECOPS_VALIDATE=1)"
             )
+    if not whole_rows:
+        return
+    if rows_read is None:
+        rows_read = padded_rows_read(draft_token_ids, vocab)
+    for (name, probs), read in zip(checked, rows_read):
+        if probs is not None:
+            check_row_masses(name, probs, read)
+
+
+def padded_rows_read(draft_token_ids: torch.Tensor, vocab: int):
+    """(target's (B, N + 1), draft's (B, N)) bool: the rows a chain op may read. A draft id
+    outside [0, vocab) ends the request's drafts: no row past it is read, nor its own draft row."""
+    drafting = ((draft_token_ids >= 0) & (draft_token_ids < vocab)).int().cumprod(dim=-1).bool()
+    return torch.cat([torch.ones_like(drafting[..., :1]), drafting], dim=-1), drafting

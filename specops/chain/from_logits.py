@@ -71,12 +71,12 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
 
 def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
                         parameters: dict, names: LogitsNames = OP_NAMES,
-                        vocab: int | None = None) -> None:
+                        vocab: int | None = None, rows_read=None) -> None:
     """SPECOPS_VALIDATE=1: the chain ops' id and draft-probability checks, logits that are NaN or
-    +inf (-inf, the usual mask, is a logit like any other), parameters out of range. vocab: as
-    in ``check_values``."""
+    +inf (-inf, the usual mask, is a logit like any other), parameters out of range. vocab and
+    rows_read: as in ``check_values``."""
     check_values(draft_probs, draft_token_ids, target_logits, names.chain, probabilities=False,
-                 vocab=vocab)
+                 vocab=vocab, rows_read=rows_read)
     for name, logits in ((names.chain.target_probs, target_logits),
                          (names.draft_logits, draft_logits)):
         if logits is None:

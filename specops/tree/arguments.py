@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
-                               require_tensor, shape)
+from ..core.ops.checks import (check_row_masses, device_error, dtype_error, dtype_name,
+                               first_bad_index, require_tensor, shape)
 from ..core.sampling.probs import PROBABILITY_BOUND
 
 PROB_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -126,8 +126,9 @@ def check_values(draft_probs, draft_token_ids, parents, target_probs, logits=Non
 
     Ids must be -1 (padding) or in [0, vocab_size); a node with an id in range must have a parent
     in [0, i] (node i + 1); the probabilities the op may read (the target rows of the root and of
-    present nodes, the draft rows of those with a present child) must lie in [0, 2**117). The rows
-    of absent nodes and of leaves' drafts are not read, so they are not checked.
+    present nodes, the draft rows of those with a present child) must lie in [0, 2**117) and sum
+    to 1 or 0 (``check_row_masses``). The rows of absent nodes and of leaves' drafts are not read,
+    so they are not checked.
     """
     vocab = target_probs.shape[-1]
     where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
@@ -165,3 +166,4 @@ def check_values(draft_probs, draft_token_ids, parents, target_probs, logits=Non
             raise ValueError(
                 f"{name} must be finite, >= 0 and below 2**117 in the rows the op reads; got "
                 f"{float(probs[where])} at index {where} (SPECOPS_VALIDATE=1)")
+        check_row_masses(name, probs, read)

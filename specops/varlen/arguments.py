@@ -11,11 +11,13 @@ from typing import NamedTuple
 import torch
 
 from ..chain.arguments import (INDEX_DTYPES, PROB_DTYPES, ArgumentNames, _check_counter,
-                               _check_seed_like, check_counters_apart, check_values)
+                               _check_seed_like, check_counters_apart, check_values,
+                               padded_rows_read)
 from ..chain.from_logits import LogitsNames, check_logits_values
 from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
+from .layout import Padded
 
 
 class Names(NamedTuple):
@@ -178,7 +180,8 @@ def check(draft_probs, draft_token_ids, target_probs, cu, max_num_draft_tokens, 
 def check_op_values(draft_probs, draft_token_ids, target_probs, cu, max_num_draft_tokens,
                     *rest) -> None:
     check_layout_values(draft_token_ids, cu, max_num_draft_tokens, OP_NAMES)
-    check_values(draft_probs, draft_token_ids, target_probs)
+    check_values(draft_probs, draft_token_ids, target_probs,
+                 rows_read=rows_read(draft_token_ids, cu, max_num_draft_tokens, target_probs))
 
 
 def check_logits(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
@@ -195,7 +198,21 @@ def check_logits_op_values(draft_probs, draft_token_ids, target_logits, cu, max_
                            top_k, top_p, min_p) -> None:
     check_layout_values(draft_token_ids, cu, max_num_draft_tokens, OP_LOGITS_NAMES)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        _parameters(temperature, top_k, top_p, min_p), LogitsNames())
+                        _parameters(temperature, top_k, top_p, min_p), LogitsNames(),
+                        rows_read=rows_read(draft_token_ids, cu, max_num_draft_tokens,
+                                            target_logits))
+
+
+def rows_read(draft_token_ids, cu, max_num_draft_tokens, target):
+    """(target's (T + B,), draft's (T,)) bool: the flattened rows the op may read (a valid
+    layout's), those of the padded batch they stand for (``chain.arguments.padded_rows_read``)."""
+    padded = Padded(cu, draft_token_ids.shape[0], max_num_draft_tokens)
+    target_read, draft_read = padded_rows_read(padded.ids(draft_token_ids), target.shape[-1])
+    flat_target = torch.zeros(target.shape[0], dtype=torch.bool, device=target.device)
+    flat_draft = torch.zeros(draft_token_ids.shape[0], dtype=torch.bool, device=target.device)
+    flat_target[padded.target_rows[target_read]] = True
+    flat_draft[padded.draft_rows[draft_read]] = True
+    return flat_target, flat_draft
 
 
 def outputs(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens, *rest):

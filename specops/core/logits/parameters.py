@@ -14,7 +14,7 @@ INT_DTYPES = (torch.int32, torch.int64)
 PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
               "top_p": (FLOAT_DTYPES, 1.0), "min_p": (FLOAT_DTYPES, 0.0)}
 INTEGER_PARAMETERS = ("top_k",)
-RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: off)",
+RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: off, where some engines write -1)",
           "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)"}
 
 

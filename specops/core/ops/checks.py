@@ -93,3 +93,22 @@ def first_bad_index(bad: torch.Tensor) -> tuple[int, ...] | None:
     if not bool(bad.any()):
         return None
     return tuple(int(i) for i in bad.nonzero()[0])
+
+
+# How far a probability row's mass may lie from 1 under SPECOPS_VALIDATE=1: a softmax rounded to
+# bfloat16 is off by at most 2**-8 of it (float16, float32: less); a row scaled, or a softmax over
+# another dimension, is off by far more.
+MASS_TOLERANCE = 0.01
+
+
+def check_row_masses(name: str, probs: torch.Tensor, read: torch.Tensor) -> None:
+    """SPECOPS_VALIDATE=1: the rows (..., V) of ``probs`` the op reads (``read``, bool (...)) sum
+    to 1 within MASS_TOLERANCE, or hold no mass (a rule of its own); the rules' guarantee is for
+    probability rows. Sanitised values (NaN, negative, ...) are refused before this."""
+    mass = probs.double().sum(dim=-1)
+    where = first_bad_index(read & (mass != 0) & ((mass - 1).abs() > MASS_TOLERANCE))
+    if where is not None:
+        raise ValueError(
+            f"{name} must hold probability rows, each summing to 1 (within {MASS_TOLERANCE}) or "
+            f"to 0; the row at index {where} sums to {float(mass[where]):.6g} (a scaled row, or a "
+            f"softmax over another dimension?) (SPECOPS_VALIDATE=1)")
