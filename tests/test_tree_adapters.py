@@ -1,6 +1,7 @@
 """SGLang's tree layout (first child / next sibling) turned into the tree op's parents
 (specops/tree/adapters.py), on lists built the way SGLang's tree builder builds them and the other
-way round, and on EAGLE-style top-k trees verified end to end."""
+way round, and on EAGLE-style top-k trees verified end to end; bad arguments named, eagerly, under
+SPECOPS_VALIDATE=1 and under torch.compile."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from specops.tree.adapters import from_sglang
 from specops.tree.arguments import present_nodes
 
 from inputs import full_tree
+from tracing import errors_while_tracing  # tests/
 
 
 def random_parents(num_nodes: int, generator) -> torch.Tensor:
@@ -109,3 +111,87 @@ def test_eagle_top_k_tree_verified_from_sglang_lists():
     expected = specops.tree_speculative_sampling(None, ids, parents.expand(4, -1), target, seed=3)
     out = specops.tree_speculative_sampling(None, got_ids, got_parents, target, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
+def two_trees():
+    """(candidates, retrive_next_token, retrive_next_sibling) of two trees of M = 4 nodes."""
+    lists = [sglang_lists(torch.tensor(t)) for t in ([0, 0, 1, 1], [0, 1, 2, 0])]
+    return (torch.arange(10).reshape(2, 5), torch.stack([f for f, _ in lists]),
+            torch.stack([s for _, s in lists]))
+
+
+NAMES = ["candidates", "retrive_next_token", "retrive_next_sibling"]
+MATCH = "to match candidates (2, 5)"
+
+# (argument, its replacement, exception type, fragments the message must contain)
+BAD = [
+    ("candidates", [[0, 1, 2, 3, 4]] * 2, TypeError, ["must be a tensor", "list"]),
+    ("retrive_next_token", None, TypeError, ["must be a tensor", "NoneType"]),
+    ("retrive_next_sibling", 3, TypeError, ["must be a tensor", "int"]),
+    ("candidates", torch.arange(5), ValueError, ["(batch_size, num_nodes + 1)", "1-D", "(5,)"]),
+    ("candidates", torch.zeros(2, 5), TypeError, ["dtype int32 or int64", "float32"]),
+    ("retrive_next_token", torch.zeros(2, 4, dtype=torch.int64), ValueError,
+     ["must have shape (batch_size, num_nodes + 1) = (2, 5)", MATCH, "got (2, 4)"]),
+    ("retrive_next_sibling", torch.zeros(10, dtype=torch.int64), ValueError, [MATCH, "got (10,)"]),
+    ("retrive_next_token", torch.zeros(2, 5, dtype=torch.int16), TypeError,
+     ["dtype int32 or int64", "int16"]),
+    ("retrive_next_sibling", torch.zeros(2, 5), TypeError, ["dtype int32 or int64", "float32"]),
+    ("retrive_next_token", torch.zeros(2, 5, dtype=torch.int64, device="meta"), ValueError,
+     ["same device as candidates (cpu)", "got meta"]),
+    ("retrive_next_sibling", torch.zeros(2, 5, dtype=torch.int32, device="meta"), ValueError,
+     ["same device as candidates (cpu)", "got meta"]),
+]
+
+
+@pytest.mark.parametrize("name,value,exc,fragments", BAD)
+def test_bad_arguments_raise_naming_the_argument(name, value, exc, fragments):
+    args = dict(zip(NAMES, two_trees()))
+    args[name] = value
+    with pytest.raises(exc) as info:
+        from_sglang(*args.values())
+    message = str(info.value)
+    assert message.startswith(name + " must"), message
+    assert all(f in message for f in fragments), message
+
+
+def test_a_tree_without_a_root_is_refused():
+    empty = torch.zeros(2, 0, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^candidates must have num_nodes \+ 1 >= 1 columns"):
+        from_sglang(empty, empty, empty)
+
+
+def test_int32_and_int64_give_the_same_trees():
+    candidates, first, sibling = two_trees()
+    ids, parents = from_sglang(candidates, first, sibling)
+    assert parents.tolist() == [[0, 0, 1, 1], [0, 1, 2, 0]]
+    got = from_sglang(candidates.int(), first.int(), sibling.int())
+    assert got[0].dtype == torch.int32 and torch.equal(got[0], ids.int())
+    assert torch.equal(got[1], parents)
+
+
+@pytest.mark.parametrize("name", NAMES[1:])
+@pytest.mark.parametrize("value", [-2, 5])
+def test_validate_mode_refuses_a_link_to_no_node(monkeypatch, name, value):
+    args = dict(zip(NAMES, two_trees()))
+    expected = from_sglang(*args.values())
+    args[name] = args[name].clone()
+    args[name][1, 2] = value  # unvalidated, such a link is ignored
+    from_sglang(*args.values())
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    assert all(torch.equal(a, b) for a, b in zip(from_sglang(*two_trees()), expected))
+    with pytest.raises(ValueError) as info:
+        from_sglang(*args.values())
+    assert str(info.value) == (f"{name} must be -1 (end of list) or a node in [0, 4]; got {value} "
+                               "at index (1, 2) (SPECOPS_VALIDATE=1)")
+
+
+def test_compiled_fullgraph(monkeypatch):
+    """Traced whole, SPECOPS_VALIDATE=1 too (the traced call skips the value checks: they read
+    the data); a bad shape is refused while tracing, with the eager message."""
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    args = two_trees()
+    torch._dynamo.reset()
+    compiled = torch.compile(from_sglang, fullgraph=True, backend="aot_eager")
+    assert all(torch.equal(a, b) for a, b in zip(compiled(*args), from_sglang(*args)))
+    chain = errors_while_tracing(from_sglang, args[0], args[1][:, :4], args[2])
+    assert any("retrive_next_token must have shape" in str(e) for e in chain), chain

@@ -11,6 +11,46 @@ from __future__ import annotations
 
 import torch
 
+from ..core.ops.checks import (device_error, dtype_error, first_bad_index, require_tensor, shape,
+                               validation_enabled)
+from .arguments import INDEX_DTYPES
+
+LINKS = ("retrive_next_token", "retrive_next_sibling")
+
+
+def _check_arguments(candidates, links) -> None:
+    """Raise TypeError (types, dtypes) or ValueError (shapes, devices) naming the argument: shapes,
+    dtypes and devices only, so it runs eagerly and under torch.compile alike, with no host sync."""
+    require_tensor("candidates", candidates)
+    if candidates.dim() != 2:
+        raise ValueError(f"candidates must have shape (batch_size, num_nodes + 1); got "
+                         f"{candidates.dim()}-D shape {shape(candidates)}")
+    if candidates.shape[1] < 1:
+        raise ValueError(f"candidates must have num_nodes + 1 >= 1 columns (the root's); got "
+                         f"shape {shape(candidates)}")
+    if candidates.dtype not in INDEX_DTYPES:
+        raise dtype_error("candidates", candidates, INDEX_DTYPES)
+    for name, t in zip(LINKS, links):
+        require_tensor(name, t)
+        if t.shape != candidates.shape:
+            raise ValueError(f"{name} must have shape (batch_size, num_nodes + 1) = "
+                             f"{shape(candidates)} to match candidates {shape(candidates)}; got "
+                             f"{shape(t)}")
+        if t.dtype not in INDEX_DTYPES:
+            raise dtype_error(name, t, INDEX_DTYPES)
+        if t.device != candidates.device:
+            raise device_error(name, t, candidates.device, "candidates")
+
+
+def _check_values(links) -> None:
+    """SPECOPS_VALIDATE=1: refuse a link that names no node (unvalidated, it is ignored)."""
+    last = links[0].shape[1] - 1
+    for name, t in zip(LINKS, links):
+        where = first_bad_index((t < -1) | (t > last))
+        if where is not None:
+            raise ValueError(f"{name} must be -1 (end of list) or a node in [0, {last}]; got "
+                             f"{int(t[where])} at index {where} (SPECOPS_VALIDATE=1)")
+
 
 def from_sglang(candidates: torch.Tensor, retrive_next_token: torch.Tensor,
                 retrive_next_sibling: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,9 +63,18 @@ def from_sglang(candidates: torch.Tensor, retrive_next_token: torch.Tensor,
     gets token -1 and parent -1: an absent node, and so, for the op, is every node below it. A
     node whose parent comes after it would be malformed; SGLang's builder never makes one. The op
     tries siblings in node order: SGLang's builder links each node in front of its parent's list,
-    from the last node to the first, so its lists run in node order too. Vectorised, without reading data on the host (so it can sit
-    in a captured decode step): one pass per position in the longest list, at most M.
+    from the last node to the first, so its lists run in node order too. Vectorised, without
+    reading data on the host (so it can sit in a captured decode step): one pass per position in
+    the longest list, at most M.
+
+    The arguments' types, shapes, dtypes (int32 or int64) and devices are checked on every call;
+    under SPECOPS_VALIDATE=1 the links' values too (in [-1, M]), eagerly only: that reads them on
+    the host, which a compiled graph cannot.
     """
+    links = (retrive_next_token, retrive_next_sibling)
+    _check_arguments(candidates, links)
+    if not torch.compiler.is_compiling() and validation_enabled():
+        _check_values(links)
     batch, width = retrive_next_token.shape
     device = retrive_next_token.device
     node = torch.arange(width, device=device).expand(batch, width)
