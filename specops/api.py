@@ -122,6 +122,10 @@ def chain_speculative_sampling_from_logits(
     top_p: Number = None,
     min_p: Number = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_temperature: Number = None,
+    draft_top_k: Number = None,
+    draft_top_p: Number = None,
+    draft_min_p: Number = None,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -148,6 +152,8 @@ def chain_speculative_sampling_from_logits(
             logits' device (temperature, top_p, min_p float32/float64; top_k int32/int64).
         draft_logits: (B, N, V) the draft's logits, of target_logits' dtype, instead of
             draft_probs.
+        draft_temperature, draft_top_k, draft_top_p, draft_min_p: the parameters the drafter
+            sampled draft_logits with, as the target's are given; each None: the target's.
         generator, seed, offset, verification: as in ``chain_speculative_sampling``.
 
     Returns:
@@ -159,9 +165,8 @@ def chain_speculative_sampling_from_logits(
     verifier = (_op.chain_speculative_sampling_from_logits_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_from_logits_op)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
-    parameters = {name: _params.as_parameter(name, value, device)
-                  for name, value in (("temperature", temperature), ("top_k", top_k),
-                                      ("top_p", top_p), ("min_p", min_p))}
+    parameters = _params.as_parameters(device, temperature, top_k, top_p, min_p,
+                                       draft_temperature, draft_top_k, draft_top_p, draft_min_p)
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                            emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
     if not torch.compiler.is_compiling():
@@ -230,6 +235,10 @@ def tree_speculative_sampling_from_logits(
     top_p: Number = None,
     min_p: Number = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_temperature: Number = None,
+    draft_top_k: Number = None,
+    draft_top_p: Number = None,
+    draft_min_p: Number = None,
     with_replacement: bool = True,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
@@ -244,14 +253,16 @@ def tree_speculative_sampling_from_logits(
 
     Args:
         draft_probs: (B, M + 1, V) float32/float16/bfloat16 draft probabilities, as in
-            ``tree_speculative_sampling``; or None: from ``draft_logits`` processed with the same
-            parameters, or, when that is None too, target-only verification.
+            ``tree_speculative_sampling``; or None: from ``draft_logits`` processed with the
+            draft's parameters, or, when that is None too, target-only verification.
         draft_token_ids, parents: (B, M) as in ``tree_speculative_sampling``.
         target_logits: (B, M + 1, V) float32/float16/bfloat16: row i is the target's logits after
             the path to node i; NaN and infinite logits count as -inf.
         temperature, top_k, top_p, min_p: as in ``chain_speculative_sampling_from_logits``.
         draft_logits: (B, M + 1, V) the draft's logits, of target_logits' dtype, instead of
             draft_probs.
+        draft_temperature, draft_top_k, draft_top_p, draft_min_p: as in
+            ``chain_speculative_sampling_from_logits`` (each None: the target's).
         with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
 
     Returns:
@@ -261,11 +272,11 @@ def tree_speculative_sampling_from_logits(
     require_tensor("target_logits", target_logits)
     device = target_logits.device
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
-    parameters = {name: _params.as_parameter(name, value, device)
-                  for name, value in (("temperature", temperature), ("top_k", top_k),
-                                      ("top_p", top_p), ("min_p", min_p))}
+    parameters = _params.as_parameters(device, temperature, top_k, top_p, min_p,
+                                       draft_temperature, draft_top_k, draft_top_p, draft_min_p)
+    target, draft = list(parameters.values())[:4], list(parameters.values())[4:]
     _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
-                            seed_t, offset_t, *parameters.values(), with_replacement)
+                            seed_t, offset_t, *target, with_replacement, *draft)
     return _tree_op.tree_speculative_sampling_from_logits_op(
         draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
-        *parameters.values(), with_replacement)
+        *target, with_replacement, *draft)

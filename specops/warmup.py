@@ -118,7 +118,7 @@ def warmup(
                 if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
                     args[:3] = [draft if source == "probs" else None, ids, target]
                     args.insert(3, draft if source == "logits" else None)
-                    args += parameters
+                    args += parameters + [None] * 4  # the draft's: the target's
                 # Split over two programs too where V has two chunks (block: its scan kernel).
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs, **layout)

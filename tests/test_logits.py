@@ -122,6 +122,86 @@ def test_opcheck(op, draft_source):
     torch.library.opcheck(op, per_request)
 
 
+# The draft's own parameters (draft_temperature, ...): the draft's logits processed by them are the
+# draft probabilities the rules verify against.
+DRAFT_OWN = dict(draft_temperature=torch.tensor([0.5, 1.0, 0.8, 2.0]), draft_top_k=3,
+                 draft_top_p=torch.tensor([1.0, 0.7, 1.0, 0.9]), draft_min_p=0.05)
+TARGET_OWN = dict(temperature=torch.tensor([0.7, 1.0, 1.3, 0.9]), top_k=0, top_p=0.95, min_p=0.0)
+
+
+def _draft_own_call(entry, target, draft, ids, draft_probs=None, **kwargs):
+    """Each function that verifies from logits, on the same requests (seeds per request)."""
+    batch, positions, vocab = target.shape
+    kwargs = dict(kwargs, seed=torch.arange(batch), **TARGET_OWN)
+    if entry == "varlen":
+        cu = torch.arange(batch + 1) * (positions - 1)
+        flat = None if draft is None else draft.reshape(-1, vocab)
+        return specops.varlen.chain_speculative_sampling_from_logits(
+            None if draft_probs is None else draft_probs.reshape(-1, vocab), ids.reshape(-1),
+            target.reshape(-1, vocab), cu, positions - 1, draft_logits=flat, **kwargs)[0]
+    if entry == "tree":  # a chain of nodes; the leaf's draft row is not read
+        parents = torch.arange(positions - 1).expand(batch, -1)
+        pad = lambda rows: None if rows is None else torch.cat([rows, rows[:, -1:]], 1)  # noqa
+        return specops.tree_speculative_sampling_from_logits(
+            pad(draft_probs), ids, parents, target, draft_logits=pad(draft), **kwargs)[0]
+    return specops.chain_speculative_sampling_from_logits(
+        draft_probs, ids, target, draft_logits=draft, verification=entry, **kwargs)[0]
+
+
+@pytest.mark.parametrize("entry", ["token", "block", "varlen", "tree"])
+def test_the_drafts_own_parameters_process_its_logits(entry):
+    target, draft, ids = inputs(seed=3)
+    own = _draft_own_call(entry, target, draft, ids, **DRAFT_OWN)
+    batch, num_draft, vocab = draft.shape
+    values = {name: torch.as_tensor(value).expand(batch) for name, value in DRAFT_OWN.items()}
+    processed = processing.processed_requests(draft, values["draft_temperature"],
+                                              values["draft_top_k"], values["draft_top_p"],
+                                              values["draft_min_p"])
+    assert torch.equal(own, _draft_own_call(entry, target, None, ids, draft_probs=processed))
+    # None is the target's: the same as passing the target's values, and not the draft's own.
+    default = _draft_own_call(entry, target, draft, ids)
+    given = {f"draft_{name}": value for name, value in TARGET_OWN.items()}
+    assert torch.equal(default, _draft_own_call(entry, target, draft, ids, **given))
+    assert not torch.equal(default, own)
+
+
+@pytest.mark.parametrize("changes, error, fragment", [
+    (dict(draft_logits=None), ValueError, "draft_top_k processes draft_logits, which were not"),
+    (dict(draft_top_p=1.5), ValueError, "draft_top_p must be a number in (0, 1]"),
+    (dict(draft_temperature=torch.tensor([1], dtype=torch.int32)), TypeError,
+     "draft_temperature must have dtype float32 or float64"),
+    (dict(draft_min_p=torch.ones(3)), ValueError, "draft_min_p must be a 1-D tensor of 1 or"),
+])
+def test_the_drafts_own_parameters_are_checked_by_name(changes, error, fragment):
+    target, draft, ids = inputs()
+    kwargs = dict(draft_logits=draft, draft_top_k=3, seed=1)
+    kwargs.update(changes)
+    call = lambda: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids, target, **kwargs)
+    with pytest.raises(error, match=pytest.importorskip("re").escape(fragment)):
+        call()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=pytest.importorskip("re").escape(fragment)):
+        torch.compile(call, backend="aot_eager", fullgraph=True)()
+
+
+def test_the_drafts_own_parameter_values_are_checked_under_validation(monkeypatch):
+    target, draft, ids = inputs()
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    with pytest.raises(ValueError, match=r"draft_temperature must be a number >= 0 .* at index"):
+        specops.chain_speculative_sampling_from_logits(
+            None, ids, target, draft_logits=draft, seed=1,
+            draft_temperature=torch.tensor([1.0, -2.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("op", [OP, BLOCK_OP], ids=["token", "block"])
+def test_opcheck_with_the_drafts_own_parameters(op):
+    target, draft, ids = inputs()
+    torch.library.opcheck(op, (*op_args(target, draft, ids, "logits"),
+                               torch.tensor([0.5, 1.0, 2.0, 0.0]), None, torch.tensor([0.8]),
+                               torch.tensor([0.1])))
+
+
 def test_public_function_matches_the_op_and_numbers_match_tensors():
     target, draft, ids = inputs()
     args = op_args(target, draft, ids, "logits")

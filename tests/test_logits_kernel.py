@@ -86,6 +86,26 @@ def test_fused_logits_path_matches_reference(draft_mode, batch, num_draft, vocab
     assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
 
 
+def test_the_drafts_own_parameters_match_reference(verification="token"):
+    """Draft logits processed by the draft's parameters (per request, other than the target's):
+    the statistics kernel gives the draft rows their own, token for token the reference's (the
+    block launcher shares the backend that hands them over, chain/from_logits_triton.py)."""
+    batch = 6
+    target, draft, ids = logits_inputs(batch, 2, 300, torch.float32, seed=12)
+    seed, offset = seeds(batch, True, offset_per_request=True)
+    own = (torch.tensor([0.5, 1.0, 0.8, 2.0, 1.0, 0.3], device=DEVICE),
+           torch.tensor([0, 3, 0, 0, 8, 0], device=DEVICE), torch.tensor([1.0, 1.0, 1.0, 0.7, 1.0, 1.0], device=DEVICE),
+           torch.tensor([0.0, 0.0, 0.1, 0.0, 0.0, 0.05], device=DEVICE))
+    target_params = parameters(batch, True)
+    (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
+        "logits", target, draft, ids, (*target_params, *own), seed, offset, verification)
+    assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
+    acc_same = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    out_same = PATHS[verification][0](None, ids, target, draft, acc_same, torch.zeros_like(acc_same),
+                                      seed, offset, *target_params)
+    assert not (torch.equal(out_same, out_r) and torch.equal(acc_same, acc_r))  # they count
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
     """Each row's statistics against core/logits/rule.py directly: the tokens kept (the unsigned bits

@@ -6,7 +6,9 @@ sequences are independent tokens, token t drawn from the processed row P_t (core
 the chi-square test compares the joint distribution of the first LENGTH tokens with the product
 of the P_t. This holds for token and block verification alike (block verification is exact only
 for whole sequences), with drafts drawn from draft probabilities or from the draft's processed
-logits. A variant that leaves the temperature out of the draft side must fail the same test.
+logits (with the target's parameters or the draft's own). A variant that leaves the temperature
+out of the draft side, or processes the draft's logits with the target's parameters where the
+drafter sampled with its own, must fail the same test.
 Greedy requests (temperature 0) must give greedy decoding's tokens exactly. Fixed seeds.
 """
 
@@ -54,13 +56,18 @@ def draw(rows: torch.Tensor, generator) -> torch.Tensor:
     return below.clamp_max(rows.shape[-1] - 1)
 
 
-def decode(target, draft, params, draft_source, verification, seed, op=None):
-    """Decode LENGTH tokens of SEQUENCES sequences: (tokens (M, LENGTH), tokens per call)."""
+def decode(target, draft, params, draft_source, verification, seed, op=None, draft_params=None,
+           declared=True):
+    """Decode LENGTH tokens of SEQUENCES sequences: (tokens (M, LENGTH), tokens per call).
+    draft_params: the parameters the drafter samples the draft's logits with (default: the
+    target's), passed to the op as draft_* where ``declared``."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.full((SEQUENCES, LENGTH + NUM_DRAFT + 1), -1, dtype=torch.int64)
     length = torch.zeros(SEQUENCES, dtype=torch.int64)
-    draft_rows = process(draft, params) if draft_source == "logits" else torch.softmax(
-        draft.double(), -1)
+    draft_rows = process(draft, draft_params or params) if draft_source == "logits" else \
+        torch.softmax(draft.double(), -1)
+    if draft_params and declared:
+        params = dict(params, **{f"draft_{name}": value for name, value in draft_params.items()})
     calls, step = 0, 0
     while bool((length < LENGTH).any()):
         active = (length < LENGTH).nonzero().squeeze(1)
@@ -117,6 +124,22 @@ def test_detector_catches_the_temperature_left_out_of_the_draft(verification):
     honest, _ = decode(target, draft, params, "logits", verification, seed=5)
     assert worlds.joint_pvalue(honest, process(target, params)) > P_THRESHOLD
     broken, _ = decode(target, draft, params, "logits", verification, seed=5, op=cold_draft_op)
+    assert worlds.joint_pvalue(broken, process(target, params)) < P_THRESHOLD
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_the_draft_sampled_with_its_own_parameters(verification):
+    # The drafter samples colder and truncated where the target's requests are not: exact only
+    # when the op is told (draft_*); processing the draft's logits with the target's parameters
+    # must fail the same test.
+    params = dict(temperature=1.0, top_p=0.9)
+    draft_params = dict(temperature=0.6, top_k=4, top_p=1.0, min_p=0.02)
+    target, draft = make_world(seed=8)
+    honest, _ = decode(target, draft, params, "logits", verification, seed=9,
+                       draft_params=draft_params)
+    assert worlds.joint_pvalue(honest, process(target, params)) > P_THRESHOLD
+    broken, _ = decode(target, draft, params, "logits", verification, seed=9,
+                       draft_params=draft_params, declared=False)
     assert worlds.joint_pvalue(broken, process(target, params)) < P_THRESHOLD
 
 

@@ -42,6 +42,10 @@ def test_opcheck(draft):
     seed, offset = torch.tensor([3]), torch.tensor([0])
     torch.library.opcheck(OP, (q, ids, parents, target, draft_logits, seed, offset,
                                *parameters(6), True))
+    if draft == "logits":  # with the draft's own parameters
+        torch.library.opcheck(OP, (q, ids, parents, target, draft_logits, seed, offset,
+                                   *parameters(6), True, torch.tensor([0.5]), None,
+                                   torch.tensor([0.8]), None))
 
 
 @pytest.mark.parametrize("draft", ["probs", "logits", None])

@@ -346,6 +346,9 @@ def _op_arguments(logits, cu=None):
 @pytest.mark.parametrize("op, logits", OPS)
 def test_opcheck(op, logits):
     torch.library.opcheck(op, _op_arguments(logits))
+    if logits:  # with the draft's own parameters
+        torch.library.opcheck(op, (*_op_arguments(logits), torch.tensor([0.5]),
+                                   torch.tensor([4]), None, None))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -3,8 +3,8 @@ each request's sampling parameters make of the target's logits (core/logits/rule
 argument check, value check and fake's outputs their registered ops share
 (``core.ops.registry.register_op``).
 
-The drafts come from ``draft_probs`` as given, from ``draft_logits`` processed with the same
-parameters, or greedily (neither: one-hot drafts).
+The drafts come from ``draft_probs`` as given, from ``draft_logits`` processed with the draft's
+parameters (by default the target's), or greedily (neither: one-hot drafts).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_count
 SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, Tensor? draft_logits, "
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
-    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor"
+    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+    f"{params.DRAFT_SCHEMA}) -> Tensor"
 )
 
 
@@ -67,6 +68,7 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
         if draft.device != device:
             raise device_error(name, draft, device, names.chain.target_probs)
     params.check_parameters(parameters, batch, device, names.chain.target_probs)
+    params.check_draft_parameters_apply(parameters, draft_logits, names.draft_logits)
 
 
 def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
@@ -91,25 +93,20 @@ def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logit
 MUTATES_ARGS = ("accepted_num", "emitted_num")
 
 
-def _parameters(temperature, top_k, top_p, min_p) -> dict:
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-
-
 def check(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num,
-          seed, offset, temperature, top_k, top_p, min_p) -> None:
+          seed, offset, *parameters) -> None:
     """The registered op's argument check: ``check_logits_arguments`` and counters apart; errors
     name the schema's arguments."""
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
-                           accepted_num, emitted_num, seed, offset,
-                           _parameters(temperature, top_k, top_p, min_p))
+                           accepted_num, emitted_num, seed, offset, params.named(*parameters))
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
 def check_op_values(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                    emitted_num, seed, offset, temperature, top_k, top_p, min_p) -> None:
+                    emitted_num, seed, offset, *parameters) -> None:
     """The registered op's SPECOPS_VALIDATE=1 check (``check_logits_values``)."""
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        _parameters(temperature, top_k, top_p, min_p))
+                        params.named(*parameters))
 
 
 def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:

@@ -5,6 +5,7 @@ reading the logits through them; its torch twin is ``processed.on_processed_rows
 from __future__ import annotations
 
 from ..core.logits.launch import row_statistics
+from ..core.logits.rule import drafts_own
 from .rows import Flattened
 
 
@@ -13,21 +14,23 @@ def on_row_statistics(verify):
     statistics first, then ``verify`` reading the logits through them (its ``target_stats`` and
     ``draft_stats``); no processed probabilities are written."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *launch,
-                flattened: Flattened | None = None):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p,
+                draft_temperature=None, draft_top_k=None, draft_top_p=None, draft_min_p=None,
+                *launch, flattened: Flattened | None = None):
         parameters = (temperature, top_k, top_p, min_p)
 
-        def statistics(logits, bonus):
+        def statistics(logits, bonus, parameters):
             """Its rows' statistics, laid out N + bonus a request (flattened too)."""
             logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
             layout = None if flattened is None else (
                 flattened.cu_num_draft_tokens, flattened.max_num_draft_tokens + bonus, bonus)
             return logits, row_statistics(logits, *parameters, layout)
 
-        target_logits, target_stats = statistics(target_logits, 1)
+        target_logits, target_stats = statistics(target_logits, 1, parameters)
         draft_stats = None
         if draft_logits is not None:
-            draft_probs, draft_stats = statistics(draft_logits, 0)
+            draft_probs, draft_stats = statistics(draft_logits, 0, drafts_own(
+                (draft_temperature, draft_top_k, draft_top_p, draft_min_p), parameters))
         return verify(draft_probs, draft_token_ids, target_logits, accepted_num, emitted_num,
                       seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats,
                       flattened=flattened)

@@ -1,8 +1,8 @@
 """Tree verification from logits: the tree rules (docs/tree.md) on the distributions each
 request's sampling parameters make of the target's logits (core/logits/rule.py), and of the
-draft's when they are given as logits: the schema and checks of its registered op (tree/op.py),
-whose outputs are the tree op's. Every backend processes the rows, then verifies them as the tree op does
-(tree/processed.py)."""
+draft's when they are given as logits (by the draft's own parameters, by default the target's):
+the schema and checks of its registered op (tree/op.py), whose outputs are the tree op's. Every
+backend processes the rows, then verifies them as the tree op does (tree/processed.py)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ from . import arguments
 SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_logits, "
     "Tensor? draft_logits, Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, "
-    "Tensor top_p, Tensor min_p, bool with_replacement=True) -> (Tensor, Tensor, Tensor)"
+    "Tensor top_p, Tensor min_p, bool with_replacement=True, "
+    f"{params.DRAFT_SCHEMA}) -> (Tensor, Tensor, Tensor)"
 )
 
 
-def _parameters(temperature, top_k, top_p, min_p) -> dict:
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-
-
 def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
-          temperature, top_k, top_p, min_p, with_replacement=True) -> None:
+          temperature, top_k, top_p, min_p, with_replacement=True, *draft_parameters) -> None:
     """The tree op's checks with the logits in target_probs' place, the draft's one source, and
     the parameter tensors; errors name the argument."""
     arguments.check_arguments(None, draft_token_ids, parents, target_logits, seed, offset,
@@ -45,14 +42,18 @@ def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, se
                             f"({dtype_name(target_logits.dtype)}); got {dtype_name(draft.dtype)}")
         if draft.device != target_logits.device:
             raise device_error(name, draft, target_logits.device, "target_logits")
-    params.check_parameters(_parameters(temperature, top_k, top_p, min_p),
-                            target_logits.shape[0], target_logits.device, "target_logits")
+    parameters = params.named(temperature, top_k, top_p, min_p, *draft_parameters)
+    params.check_parameters(parameters, target_logits.shape[0], target_logits.device,
+                            "target_logits")
+    params.check_draft_parameters_apply(parameters, draft_logits, "draft_logits")
 
 
 def check_values(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed,
-                 offset, temperature, top_k, top_p, min_p, with_replacement=True) -> None:
+                 offset, temperature, top_k, top_p, min_p, with_replacement=True,
+                 *draft_parameters) -> None:
     """SPECOPS_VALIDATE=1: the tree op's id, parent and draft-probability checks, NaN or +inf
     logits in the rows the op reads, parameters out of range."""
     arguments.check_values(draft_probs, draft_token_ids, parents, target_logits,
                            logits=(target_logits, draft_logits))
-    params.check_parameter_values(_parameters(temperature, top_k, top_p, min_p))
+    params.check_parameter_values(params.named(temperature, top_k, top_p, min_p,
+                                               *draft_parameters))

@@ -13,11 +13,13 @@ def on_processed_rows(verify, process=rule.processed_requests):
     values of each parameter -> float32 rows: the rule of core/logits/rule.py, or a faster way to
     the same rows), then ``verify`` on them."""
     def backend(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
-                temperature, top_k, top_p, min_p, with_replacement=True):
+                temperature, top_k, top_p, min_p, with_replacement=True, draft_temperature=None,
+                draft_top_k=None, draft_top_p=None, draft_min_p=None):
         parameters = (temperature, top_k, top_p, min_p)
         target_probs = process(target_logits, *parameters)
-        if draft_logits is not None:
-            draft_probs = process(draft_logits, *parameters)
+        if draft_logits is not None:  # by the draft's own parameters, each None the target's
+            draft_probs = process(draft_logits, *rule.drafts_own(
+                (draft_temperature, draft_top_k, draft_top_p, draft_min_p), parameters))
         elif draft_probs is not None:
             draft_probs = draft_probs.float()  # the dtype of the processed target rows
         return verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,

@@ -99,6 +99,10 @@ def chain_speculative_sampling_from_logits(
     top_p: Number = None,
     min_p: Number = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_temperature: Number = None,
+    draft_top_k: Number = None,
+    draft_top_p: Number = None,
+    draft_min_p: Number = None,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -112,9 +116,8 @@ def chain_speculative_sampling_from_logits(
                                          cu_num_draft_tokens, maybe_output_accepted_token_num,
                                          maybe_output_emitted_draft_token_num)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
-    parameters = {name: params.as_parameter(name, value, device)
-                  for name, value in (("temperature", temperature), ("top_k", top_k),
-                                      ("top_p", top_p), ("min_p", min_p))}
+    parameters = params.as_parameters(device, temperature, top_k, top_p, min_p,
+                                      draft_temperature, draft_top_k, draft_top_p, draft_min_p)
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
                         max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                         parameters, LOGITS_NAMES)

@@ -127,6 +127,7 @@ def check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num
                          accepted_num, emitted_num, seed, offset, names, draft_logits,
                          logits=True)
     params.check_parameters(parameters, batch, target_logits.device, names.chain.target_probs)
+    params.check_draft_parameters_apply(parameters, draft_logits, names.draft_logits)
 
 
 def check_layout_values(draft_token_ids, cu, max_num_draft_tokens, names: Names) -> None:
@@ -150,10 +151,6 @@ def check_layout_values(draft_token_ids, cu, max_num_draft_tokens, names: Names)
                          f"{names.chain.draft_token_ids}; got {int(cu[-1])} (SPECOPS_VALIDATE=1)")
 
 
-def _parameters(temperature, top_k, top_p, min_p) -> dict:
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-
-
 # The registered ops' schemas and checks: the padded ops' arguments with the layout after the
 # target's rows (``core.ops.registry.register_op`` takes them).
 SCHEMA = (
@@ -165,7 +162,8 @@ LOGITS_SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, "
     "Tensor cu_num_draft_tokens, SymInt max_num_draft_tokens, Tensor? draft_logits, "
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
-    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor"
+    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+    f"{params.DRAFT_SCHEMA}) -> Tensor"
 )
 MUTATES_ARGS = ("accepted_num", "emitted_num")
 
@@ -185,20 +183,19 @@ def check_op_values(draft_probs, draft_token_ids, target_probs, cu, max_num_draf
 
 
 def check_logits(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                 draft_logits, accepted_num, emitted_num, seed, offset, temperature, top_k,
-                 top_p, min_p) -> None:
+                 draft_logits, accepted_num, emitted_num, seed, offset, *parameters) -> None:
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
                         draft_logits, accepted_num, emitted_num, seed, offset,
-                        _parameters(temperature, top_k, top_p, min_p), OP_LOGITS_NAMES)
+                        params.named(*parameters), OP_LOGITS_NAMES)
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
 def check_logits_op_values(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                           draft_logits, accepted_num, emitted_num, seed, offset, temperature,
-                           top_k, top_p, min_p) -> None:
+                           draft_logits, accepted_num, emitted_num, seed, offset,
+                           *parameters) -> None:
     check_layout_values(draft_token_ids, cu, max_num_draft_tokens, OP_LOGITS_NAMES)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        _parameters(temperature, top_k, top_p, min_p), LogitsNames(),
+                        params.named(*parameters), LogitsNames(),
                         rows_read=rows_read(draft_token_ids, cu, max_num_draft_tokens,
                                             target_logits))
 

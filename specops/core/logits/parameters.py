@@ -14,13 +14,34 @@ INT_DTYPES = (torch.int32, torch.int64)
 PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
               "top_p": (FLOAT_DTYPES, 1.0), "min_p": (FLOAT_DTYPES, 0.0)}
 INTEGER_PARAMETERS = ("top_k",)
+# The draft's own parameters, for rows given as draft logits (None: the target's): the
+# distribution the drafter sampled from may differ from the one the target's tokens follow.
+DRAFT_PARAMETERS = tuple(f"draft_{name}" for name in PARAMETERS)
 RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: off, where some engines write -1)",
           "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)"}
+
+
+# The registered ops take the draft's parameters last, each None (the target's) by default.
+DRAFT_SCHEMA = ", ".join(f"Tensor? {name}=None" for name in DRAFT_PARAMETERS)
+
+
+def named(temperature, top_k, top_p, min_p, draft_temperature=None, draft_top_k=None,
+          draft_top_p=None, draft_min_p=None) -> dict:
+    """An op's parameter tensors by name (the draft's None where they are the target's)."""
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                draft_temperature=draft_temperature, draft_top_k=draft_top_k,
+                draft_top_p=draft_top_p, draft_min_p=draft_min_p)
+
+
+def base_name(name: str) -> str:
+    """The parameter a name stands for: ``draft_top_p`` is a ``top_p``."""
+    return name[len("draft_"):] if name.startswith("draft_") else name
 
 
 def in_range(name: str, value):
     """Where a parameter's values lie in its range (``RANGES``): a bool tensor for a tensor, a
     bool for a Python number (NaN is in no range)."""
+    name = base_name(name)
     if name == "temperature":
         return value >= 0
     if name == "top_k":
@@ -34,7 +55,9 @@ def check_parameters(parameters: dict, batch: int, device: torch.device, referen
     """The parameter tensors a registered op takes: 1-D, 1 or ``batch`` elements, of their dtypes,
     on ``device``; a clear error naming the one that is not."""
     for name, value in parameters.items():
-        dtypes = PARAMETERS[name][0]
+        if value is None and name in DRAFT_PARAMETERS:  # the target's
+            continue
+        dtypes = PARAMETERS[base_name(name)][0]
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a tensor; got {type(value).__name__}")
         if value.dim() != 1 or value.shape[0] not in (1, batch):
@@ -49,12 +72,26 @@ def check_parameters(parameters: dict, batch: int, device: torch.device, referen
                              f"got {value.device}")
 
 
+def check_draft_parameters_apply(parameters: dict, draft_logits, draft_logits_name: str) -> None:
+    """The draft's parameters process draft logits: given without them, they would do nothing,
+    which a caller cannot have meant."""
+    if draft_logits is not None:
+        return
+    for name in DRAFT_PARAMETERS:
+        if parameters.get(name) is not None:
+            raise ValueError(f"{name} processes {draft_logits_name}, which were not given "
+                             "(draft probabilities are used as given)")
+
+
 def check_parameter_values(parameters: dict) -> None:
     """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first."""
     for name, value in parameters.items():
+        if value is None:  # a draft parameter: the target's
+            continue
         where = first_bad_index(~in_range(name, value))
         if where is not None:
-            raise ValueError(f"{name} must be {RANGES[name]}; got {value[where].item()} at index "
+            raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got "
+                             f"{value[where].item()} at index "
                              f"{where} (SPECOPS_VALIDATE=1)")
 
 
@@ -62,19 +99,30 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
     """A public function's parameter (None, a number for every request, or a tensor of 1 or B
     values) as the tensor its op takes. Numbers out of range are refused here, at once; tensors
     are passed on as they are (validation mode checks their values)."""
-    dtypes, off = PARAMETERS[name]
+    dtypes, off = PARAMETERS[base_name(name)]
     if value is None:
         value = off
     if isinstance(value, torch.Tensor):
         return value.reshape(-1) if value.dim() == 0 else value
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
             value, "__index__") and not hasattr(value, "__float__"):
-        raise TypeError(f"{name} must be {RANGES[name]}, or a tensor of 1 or batch_size values; "
+        raise TypeError(f"{name} must be {RANGES[base_name(name)]}, or a tensor of 1 or "
+                        f"batch_size values; "
                         f"got {type(value).__name__}")
-    integer = name in INTEGER_PARAMETERS
+    integer = base_name(name) in INTEGER_PARAMETERS
     number = int(value) if integer else float(value)
     if integer and number != value:
         raise TypeError(f"{name} must be an int; got {value!r}")
     if not in_range(name, number):  # on the Python number: no tensor made to check it
-        raise ValueError(f"{name} must be {RANGES[name]}; got {value!r}")
+        raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got {value!r}")
     return torch.tensor([number], dtype=torch.int64 if integer else torch.float32, device=device)
+
+
+def as_parameters(device: torch.device, temperature, top_k, top_p, min_p, draft_temperature=None,
+                  draft_top_k=None, draft_top_p=None, draft_min_p=None) -> dict:
+    """A public function's parameters (``as_parameter`` each) by name, as its op takes them: the
+    draft's stay None where not given (the op then uses the target's)."""
+    given = named(temperature, top_k, top_p, min_p, draft_temperature, draft_top_k, draft_top_p,
+                  draft_min_p)
+    return {name: None if value is None and name in DRAFT_PARAMETERS else
+            as_parameter(name, value, device) for name, value in given.items()}

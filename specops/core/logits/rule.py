@@ -132,6 +132,12 @@ def processed_requests(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     return out.reshape(batch, rows, vocab)
 
 
+def drafts_own(draft_parameters, parameters) -> tuple:
+    """The parameters (temperature, top_k, top_p, min_p) that process draft logits: the draft's
+    own where given, the target's where None (the drafter sampled as the target is sampled)."""
+    return tuple(t if d is None else d for d, t in zip(draft_parameters, parameters))
+
+
 def per_row(value: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
     """A parameter of 1 or B values (one per request) as one value per row of the requests'
     (B, rows, V) rows, flattened: (B * rows,)."""
