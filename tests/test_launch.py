@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from specops.core.launch import occupancy
 from specops.core.sampling.race import num_chunks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inputs import DEVICE, full_tree, seeds, tree_inputs
+from inputs import full_tree, seeds, tree_inputs
 from specops.tree.launch import tree_speculative_sampling_triton
 from specops.tree.reference import tree_speculative_sampling_reference
 
