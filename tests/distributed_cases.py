@@ -323,10 +323,62 @@ def bad_inputs(rank, world):
         attempt("validate padding", lambda: sd.chain_speculative_sampling(
             None, legal, padded[..., start:end + (100 if rank == 1 else 0)], seed=0,
             vocab_start=start, vocab_size=vocab))
+        # A row whose mass on rank 1's columns is tripled: neither shard shows it alone.
+        heavy = target.clone()
+        if rank == 1:
+            heavy[1, 0, start:end] *= 3
+        attempt("validate mass", lambda: sd.chain_speculative_sampling(
+            None, legal, heavy[..., start:end], seed=0, vocab_start=start))
     attempt("empty batch", lambda: sd.chain_speculative_sampling_from_logits(
         None, ids[:0], target[:0, :, start:end], top_k=torch.tensor([3]), top_p=0.5, seed=0,
         verification="block", vocab_start=start))
+    other_values(rank, attempt, draft[..., start:end], ids, target[..., start:end], start)
     return outcomes, seconds
+
+
+def other_values(rank, attempt, draft, ids, target, start):
+    """Rank 1 passing another seed, offset or draft ids than rank 0, on every path (token and
+    block verification, from probabilities and from logits), and the same values in other forms."""
+    import specops.distributed as sd
+
+    def probs(draft_ids, verification="token", one_hot=False, **seeding):
+        return lambda: sd.chain_speculative_sampling(
+            None if one_hot else draft, draft_ids, target, verification=verification,
+            vocab_start=start, **seeding)
+
+    def logits(draft_ids, verification="token", **seeding):
+        return lambda: sd.chain_speculative_sampling_from_logits(
+            None, draft_ids, target.log(), draft_logits=draft.log(), top_k=50,
+            verification=verification, vocab_start=start, **seeding)
+
+    seeds = torch.arange(4, dtype=torch.int64) + 40
+    other_seeds = seeds.clone()
+    other_seeds[3] += rank
+    changed = ids.clone()
+    changed[3, 0] += rank
+    base = ids.clone()
+    base[2] = torch.tensor([10, 20, 30])
+    swapped, bumped = base.clone(), base.clone()
+    if rank == 1:  # the same plain sum; +1 / -2 / +1 also the same position-weighted sum
+        swapped[2] = torch.tensor([20, 10, 30])
+        bumped[2] = torch.tensor([11, 18, 31])
+    attempt("other seed", probs(ids, seed=5 + rank))
+    attempt("other per-request seeds, block", probs(ids, "block", seed=other_seeds))
+    attempt("other offset, one-hot drafts", probs(ids, one_hot=True, seed=0, offset=rank))
+    attempt("other offset, seed=None", probs(ids, offset=rank))
+    attempt("other seed, logits", logits(ids, seed=5 + rank))
+    attempt("other per-request offsets, logits block",
+            logits(ids, "block", seed=seeds, offset=other_seeds))
+    attempt("other ids", probs(changed, seed=0))
+    attempt("swapped ids, block", probs(swapped, "block", seed=0))
+    attempt("+1 -2 +1 ids, logits", logits(bumped, seed=0))
+    attempt("other ids, logits block", logits(changed, "block", seed=0))
+    # Equal values: int32 on one rank, int64 on the other; offset=None is 0 with a given seed.
+    as_given = (lambda t: t.int()) if rank == 1 else (lambda t: t)
+    attempt("same values", probs(as_given(ids), "block", seed=as_given(seeds),
+                                 offset=as_given(seeds)))
+    attempt("same values, logits", logits(as_given(ids), seed=as_given(seeds), offset=3))
+    attempt("offset None and 0", probs(ids, seed=1, offset=0 if rank == 1 else None))
 
 
 @contextlib.contextmanager
@@ -394,7 +446,8 @@ def processed_rows(rank, layout, vocab):
     shard = logits.Shard(start, end - start, vocab, dist.group.WORLD)
     ours = logits.processed_inputs(shard, None, target[..., start:end], draft[..., start:end],
                                    *values, logits.SEARCH_TOP_K | logits.SEARCH_TOP_P)
-    single = processed_inputs(None, target, draft, *values)
+    # The draft's parameters: the target's; no draft ids are read without penalties.
+    single = processed_inputs(None, None, target, draft, values, (None,) * 4)
     return ours, tuple(t[..., start:end] for t in single)
 
 

@@ -1,7 +1,8 @@
 """Vocabulary-parallel verification (specops.distributed) in real gloo process groups of 2 and 3
 ranks on loopback (tests/distributed_cases.py spawns them): the single-device tokens and counters
 bit for bit on chunk-aligned shards, the same on every rank, the distribution on shards that split
-chunks, a fixed number of small collectives whatever V, and bad layouts refused on every rank."""
+chunks, a fixed number of small collectives whatever V, and bad layouts, or ranks given other
+seeds, offsets or draft ids, refused on every rank."""
 
 from __future__ import annotations
 
@@ -140,10 +141,56 @@ def test_validation_mode_refuses_bad_values_on_every_rank(two):
         assert kind == "ValueError" and message.startswith("draft_token_ids must be -1")
         assert "[0, 3000)" in message
     assert messages(two, "validate padding") == [None, None]  # NaN past vocab_size is not read
+    for kind, message in messages(two, "validate mass"):  # the whole row's, over the ranks
+        assert kind == "ValueError" and message.startswith("target_probs must hold probability")
+        assert "row at index (1, 0)" in message
 
 
 def test_the_group_works_after_refusals(two):
     assert messages(two, "good") == [None, None]
+
+
+@pytest.mark.parametrize("case, argument", [
+    ("other seed", "seed"), ("other per-request seeds, block", "seed"),
+    ("other offset, one-hot drafts", "offset"), ("other offset, seed=None", "offset"),
+    ("other seed, logits", "seed"), ("other per-request offsets, logits block", "offset"),
+    ("other ids", "draft_token_ids"), ("swapped ids, block", "draft_token_ids"),
+    ("+1 -2 +1 ids, logits", "draft_token_ids"), ("other ids, logits block", "draft_token_ids"),
+])
+def test_ranks_given_other_seeds_offsets_or_draft_ids_raise_the_same_error(two, case, argument):
+    """Otherwise every rank would return other tokens."""
+    first, second = messages(two, case)
+    assert first is not None and first == second, (first, second)
+    kind, message = first
+    assert kind == "ValueError" and message.startswith(f"{argument}: the ranks disagree"), message
+    assert f"every rank must pass the same {argument}" in message and "rank(s) [1]" in message
+
+
+@pytest.mark.parametrize("case", ["same values", "same values, logits", "offset None and 0"])
+def test_ranks_given_the_same_seeds_offsets_and_draft_ids_in_other_forms_run(two, case):
+    assert messages(two, case) == [None, None]
+
+
+def test_fingerprints_tell_apart_what_plain_sums_confuse():
+    """Swapped, shifted or +1 / -2 / +1 ids, and any one of 64-bit seeds changed; the same
+    values in int32 and int64 agree."""
+    from specops.distributed.comm import fingerprints
+
+    def prints(*values):
+        return fingerprints(values, torch.device("cpu")).tolist()
+
+    ids = torch.tensor([[10, 20, 30], [7, 7, 9]])
+    for other in ([[20, 10, 30], [7, 7, 9]], [[11, 18, 31], [7, 7, 9]],
+                  [[7, 7, 9], [10, 20, 30]], [[20, 30, 7], [7, 9, 10]]):
+        assert prints(torch.tensor(other)) != prints(ids), other
+    assert prints(ids.int()) == prints(ids)
+    seeds = torch.randint(-2**63, 2**63 - 1, (16,), generator=torch.Generator().manual_seed(0))
+    for k in range(16):
+        for step in (1, -1, 2**63 - 1, -2**63):
+            other = seeds.clone()
+            other[k] += step
+            assert prints(other) != prints(seeds), (k, step)
+    assert prints(None, None, ids) == [0, 0, 0, 0, *prints(ids)]
 
 
 @pytest.mark.gpu

@@ -3,9 +3,10 @@ from-logits twin for a rank's vocabulary shard (docs/api.md, "Vocabulary-paralle
 verification").
 
 A call runs its local checks, then the layout exchange (comm.py) whatever they found, so that a
-refusal on any rank becomes the same ValueError on every rank and no rank waits in a collective
-another never makes; then the seed (drawn on the first rank when not given), then the shards'
-verification (verify.py), made of pure-torch steps, not of the kernels.
+refusal on any rank, or ranks given other seeds, offsets or draft ids, becomes the same
+ValueError on every rank and no rank waits in a collective another never makes; then the seed
+(drawn on the first rank when not given), then the shards' verification (verify.py), made of
+pure-torch steps, not of the kernels.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import operator
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_checks
-from ..chain.arguments import PROB_DTYPES, check_arguments, check_counters_apart, check_values
+from ..chain.arguments import (PROB_DTYPES, check_arguments, check_counters_apart, check_values,
+                               padded_rows_read)
 from ..chain.from_logits import check_logits_arguments, check_logits_values
-from ..core.ops.checks import validation_enabled
+from ..core.ops.checks import check_masses, validation_enabled
 from ..core.logits import parameters as params
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
-from .comm import (Layout, Record, broadcast_from_first, exchange_layout, refused_index,
-                   resolve_group)
+from .comm import (Layout, Record, all_reduce, broadcast_from_first, exchange_layout,
+                   refused_index, resolve_group)
 from .logits import SEARCH_TOP_K, SEARCH_TOP_P, processed_inputs
 from .shards import Shard
 from .verify import VERIFIERS
@@ -99,7 +102,8 @@ def _run(prepare, group, names, finish):
         error = None
     except Exception as err:  # any refusal is told to the other ranks before it is raised
         arguments, record, error = None, Record(refused=refused_index(err)), err
-    layout = exchange_layout(record, error, names, group, _device(group))
+    layout = exchange_layout(record, error, names, group, _device(group),
+                             None if error is not None else arguments["same"])
     if layout is None:  # under CUDA-graph capture: the eager warm-up call checked the layout
         if record.vocab_size < 0:
             raise ValueError("vocab_size must be given under CUDA-graph capture: the shards' "
@@ -112,28 +116,40 @@ def _run(prepare, group, names, finish):
     if validation_enabled():  # ids against the global vocabulary: the same check on every rank
         check_values(None, arguments["ids"], None, names=arguments["names"], probabilities=False,
                      vocab=layout.vocab_size)
+        _check_whole_row_masses(arguments, layout, group)
     shard = Shard(layout.vocab_start, layout.width, layout.vocab_size, group)
     return finish(shard, arguments)
 
 
+def _check_whole_row_masses(arguments, layout: Layout, group) -> None:
+    """SPECOPS_VALIDATE=1: the probability rows the op reads sum to 1 or 0 as whole rows, their
+    shards' masses summed over the ranks (``check_row_masses``); the same check on every rank."""
+    names = arguments["names"]
+    rows_read = padded_rows_read(arguments["ids"], layout.vocab_size)
+    for name, rows, read in zip((names.target_probs, names.draft_probs), arguments["probs"],
+                                rows_read):
+        if rows is not None:  # given on every rank alike (the layout's draft kind agrees)
+            mass = _cut(rows, layout.width).double().sum(dim=-1)
+            check_masses(name, all_reduce(mass, dist.ReduceOp.SUM, group), read)
+
+
 def _record(target, draft_kind, verification, seed, arguments, vocab_start, vocab_size,
             searches=0):
-    """This rank's Record of a call whose local checks passed."""
+    """This rank's Record of a call whose local checks passed (its fingerprints are the layout
+    exchange's to fill in)."""
     batch, positions, width = target.shape
     return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
                   PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
                   int(seed is None), searches, arguments["seed"].numel(),
-                  arguments["offset"].numel(), *_validation_fields(arguments["ids"]))
+                  arguments["offset"].numel(), int(validation_enabled()))
 
 
-def _validation_fields(ids: torch.Tensor) -> tuple[int, int, int]:
-    """(validation mode on, least id, greatest id): the ids are read only in validation mode,
-    which reads the data anyway."""
-    if not validation_enabled():
-        return 0, 0, 0
-    if ids.numel() == 0:
-        return 1, 0, 0
-    return 1, int(ids.min()), int(ids.max())
+def _same(seed, offset, seed_t, offset_t, ids) -> tuple:
+    """The seed, offset and draft ids every rank must pass the same (comm.SAME): the caller's,
+    None where drawn (a draw differs by rank until the first rank's is broadcast). The offset of
+    a given seed is the caller's or 0 on every rank, so it is compared too."""
+    return (None if seed is None else seed_t,
+            None if seed is None and offset is None else offset_t, ids)
 
 
 def _cut(tensor, width):
@@ -181,7 +197,9 @@ def chain_speculative_sampling(
             check_values(_cut(draft_probs, width), draft_token_ids, _cut(target_probs, width),
                          PUBLIC_NAMES, vocab=_ANY_ID)
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
-                         ids=draft_token_ids, names=PUBLIC_NAMES)
+                         ids=draft_token_ids, names=PUBLIC_NAMES,
+                         probs=(target_probs, draft_probs),
+                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids))
         return arguments, _record(target_probs, int(draft_probs is not None), verification, seed,
                                   arguments, start, size)
 
@@ -248,7 +266,9 @@ def chain_speculative_sampling_from_logits(
                                 _cut(target_logits, width), _cut(draft_logits, width), parameters,
                                 LOGITS_NAMES, vocab=_ANY_ID)
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
-                         parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain)
+                         parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain,
+                         probs=(None, draft_probs),
+                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids))
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
                                   start, size, _searches(top_k, top_p))

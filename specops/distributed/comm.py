@@ -4,9 +4,10 @@ starts with.
 Every collective goes through ``all_gather`` / ``all_reduce`` / ``broadcast`` here, plain
 torch.distributed calls on tensors of O(B * (N + 1)) elements, never O(V) (docs/api.md,
 "Vocabulary-parallel verification", counts them). The layout exchange comes first: each rank's
-shard, shapes and argument kinds, or the argument its local checks refused, in one all_gather of a
-fixed size, so that every rank raises the same ValueError before a collective of a size the ranks
-disagree on could hang.
+shard, shapes and argument kinds, fingerprints of its seeds, offsets and draft ids, or the argument
+its local checks refused, in one all_gather of a fixed size, so that every rank raises the same
+ValueError before a collective of a size the ranks disagree on could hang, or ranks given other
+seeds or drafts return other tokens.
 """
 
 from __future__ import annotations
@@ -78,8 +79,14 @@ class Record(NamedTuple):
     seeds: int = 1  # elements of the seed and offset tensors: the seed broadcast's size
     offsets: int = 1
     validation: int = 0  # SPECOPS_VALIDATE: its checks after the exchange raise on all or none
-    ids_low: int = 0  # in validation mode, the least and greatest draft id (the same on every
-    ids_high: int = 0  # rank, so that the ids' check after the exchange raises on all or none)
+    # Two fingerprints of each of the caller's seed, offset and draft ids (0: drawn, not given),
+    # filled in by exchange_layout on the device (``fingerprints``).
+    seed_print: int = 0
+    seed_print2: int = 0
+    offset_print: int = 0
+    offset_print2: int = 0
+    ids_print: int = 0
+    ids_print2: int = 0
 
 
 # Fields every rank must agree on, and the argument an error then names.
@@ -91,9 +98,46 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
                                                              "seed=None or a seed"),
           ("searches", "top_k", "which of top_k / top_p are given"),
           ("seeds", "seed", "the number of seeds"), ("offsets", "offset", "the number of offsets"),
-          ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"),
-          ("ids_low", "draft_token_ids", "the draft ids (every rank must pass the same)"),
-          ("ids_high", "draft_token_ids", "the draft ids (every rank must pass the same)"))
+          ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"))
+
+# The arguments whose values every rank must pass the same, and their fingerprints' fields: ranks
+# that differ would draw other numbers, or verify other drafts, and return other tokens. They
+# come after the shapes, which must agree for the fingerprints to compare like with like.
+SAME = (("seed", ("seed_print", "seed_print2")), ("offset", ("offset_print", "offset_print2")),
+        ("draft_token_ids", ("ids_print", "ids_print2")))
+_FIRST_PRINT = Record._fields.index("seed_print")
+
+# SplitMix64's constants as int64: its finaliser makes the fingerprints' weights.
+_SPLITMIX = (-7046029254386353131, -4658895280553007687, -7723592293110705685)
+
+
+def _weights(length: int, device: torch.device) -> torch.Tensor:
+    """Two rows of odd pseudo-random int64 weights, one column per position: (2, length),
+    position k's the same whatever the length."""
+    z = torch.arange(1, 2 * length + 1, dtype=torch.int64, device=device) * _SPLITMIX[0]
+    z = (z ^ (z >> 30)) * _SPLITMIX[1]  # int64 products wrap modulo 2**64 on every backend
+    z = (z ^ (z >> 27)) * _SPLITMIX[2]
+    return ((z ^ (z >> 31)) | 1).view(length, 2).T
+
+
+def fingerprints(values, device: torch.device) -> torch.Tensor:
+    """Two fingerprints of each tensor of ``values`` (None: 0 and 0): the sums of its flattened
+    values times two rows of weights, modulo 2**64: (2 * len(values),) int64, computed on
+    ``device`` so that the host reads nothing before the exchange.
+
+    Tensors that differ at one position always differ here (an odd weight is invertible modulo
+    2**64); differences at several positions cancel only if they happen to cancel against
+    pseudo-random weights, a chance of about 2**-64 a sum for any pattern not built against them
+    (swapped or shifted ids, or +1 / -2 / +1 runs, which plain and position-weighted sums miss,
+    are caught like any other). Equal values give equal sums on every rank: integer sums do not
+    depend on their order. The values themselves are not gathered: their number depends on B, on
+    which the ranks may yet disagree, and the exchange is one gather of a fixed size."""
+    parts = [torch.zeros(0, dtype=torch.int64, device=device) if value is None
+             else value.reshape(-1).to(device, torch.int64) for value in values]
+    flat = torch.cat(parts)
+    weighted = flat * _weights(flat.numel(), device)
+    sums = [part.sum(dim=-1) for part in weighted.split([p.numel() for p in parts], dim=1)]
+    return torch.stack(sums).reshape(-1)
 
 
 def refused_index(error: Exception) -> int:
@@ -113,16 +157,18 @@ class Layout(NamedTuple):
 
 
 def exchange_layout(record: Record, error: Exception | None, names: dict, group,
-                    device: torch.device) -> Layout | None:
+                    device: torch.device, same=None) -> Layout | None:
     """Gather every rank's record and check them together; every rank raises the same
-    ValueError (a rank whose own checks failed raises its own error). None while a CUDA graph is
-    being captured: a capture cannot read the records on the host, and runs after an eager
-    warm-up call that checked the same layout (docs/recipes.md)."""
+    ValueError (a rank whose own checks failed raises its own error). ``same``: the tensors of
+    the SAME arguments (each None where drawn; None when refused), whose fingerprints fill the
+    record's. None while a CUDA graph is being captured: a capture cannot read the records on the
+    host, and runs after an eager warm-up call that checked the same layout (docs/recipes.md)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         if error is not None:
             raise error
         return None
-    mine = torch.tensor(list(record), dtype=torch.int64, device=device)
+    mine = torch.cat([torch.tensor(list(record)[:_FIRST_PRINT], dtype=torch.int64, device=device),
+                      fingerprints(same or (None,) * len(SAME), device)])
     table = [Record(*row) for row in all_gather(mine, group).tolist()]
     if error is not None:
         raise error
@@ -143,6 +189,13 @@ def check_layout(table: list, rank: int, names: dict) -> Layout:
         if len(set(values)) > 1:
             raise ValueError(f"{names.get(argument, argument)}: the ranks disagree on {what}; "
                              f"got {values} on ranks 0..{len(table) - 1}")
+    for argument, fields in SAME:
+        prints = [tuple(getattr(row, field) for field in fields) for row in table]
+        others = [r for r, p in enumerate(prints) if p != prints[0]]
+        if others:
+            name = names.get(argument, argument)
+            raise ValueError(f"{name}: the ranks disagree on its values (every rank must pass the "
+                             f"same {name}); rank(s) {others} passed other values than rank 0")
     vocab = first.vocab_size if first.vocab_size >= 0 else sum(row.width for row in table)
     spans = [f"[{row.vocab_start}, {row.vocab_start + row.width}) on rank {r}"
              for r, row in enumerate(table)]

@@ -105,7 +105,12 @@ def check_row_masses(name: str, probs: torch.Tensor, read: torch.Tensor) -> None
     """SPECOPS_VALIDATE=1: the rows (..., V) of ``probs`` the op reads (``read``, bool (...)) sum
     to 1 within MASS_TOLERANCE, or hold no mass (a rule of its own); the rules' guarantee is for
     probability rows. Sanitised values (NaN, negative, ...) are refused before this."""
-    mass = probs.double().sum(dim=-1)
+    check_masses(name, probs.double().sum(dim=-1), read)
+
+
+def check_masses(name: str, mass: torch.Tensor, read: torch.Tensor) -> None:
+    """``check_row_masses`` of rows whose float64 masses (...) are given (a vocabulary shard's
+    rows: their masses summed over the ranks)."""
     where = first_bad_index(read & (mass != 0) & ((mass - 1).abs() > MASS_TOLERANCE))
     if where is not None:
         raise ValueError(
