@@ -19,6 +19,7 @@ from .chain.arguments import ArgumentNames, check_arguments, check_counters_apar
 from .chain.block import op as _block_op
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
+from .core.logits import adjustments as _step
 from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
@@ -126,6 +127,14 @@ def chain_speculative_sampling_from_logits(
     draft_top_k: Number = None,
     draft_top_p: Number = None,
     draft_min_p: Number = None,
+    logit_bias: Optional[torch.Tensor] = None,
+    allowed_token_bitmask: Optional[torch.Tensor] = None,
+    repetition_penalty: Number = None,
+    frequency_penalty: Number = None,
+    presence_penalty: Number = None,
+    output_token_counts: Optional[torch.Tensor] = None,
+    prompt_token_mask: Optional[torch.Tensor] = None,
+    processing_order: str = "vllm",
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -154,6 +163,19 @@ def chain_speculative_sampling_from_logits(
             draft_probs.
         draft_temperature, draft_top_k, draft_top_p, draft_min_p: the parameters the drafter
             sampled draft_logits with, as the target's are given; each None: the target's.
+        logit_bias: (B, V) float32/float16/bfloat16, added to each request's target logits.
+        allowed_token_bitmask: (B, N + 1, ceil(V / 32)) int32, each target row's grammar mask
+            (bit i % 32 of word i // 32 set: token i allowed), applied first: a token it does
+            not allow has no probability, so a draft outside it is rejected.
+        repetition_penalty (> 0; 1 or None: off), frequency_penalty, presence_penalty (0 or
+            None: off): OpenAI's and vLLM's penalties, each a number or 1 or B values, applied
+            after the mask and the bias with the drafts before each position counted as
+            generated; they need output_token_counts.
+        output_token_counts: (B, V) int32/int64, how often each token has been generated so far.
+        prompt_token_mask: (B, V) bool, the prompt's tokens (the repetition penalty's too).
+        processing_order: "vllm" (min-p, top-k, top-p) or "transformers" (top-k, top-p, then
+            min-p, as Hugging Face transformers applies them), for the target's rows and the
+            draft's logits alike.
         generator, seed, offset, verification: as in ``chain_speculative_sampling``.
 
     Returns:
@@ -167,12 +189,16 @@ def chain_speculative_sampling_from_logits(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     parameters = _params.as_parameters(device, temperature, top_k, top_p, min_p,
                                        draft_temperature, draft_top_k, draft_top_p, draft_min_p)
+    adjustments = _step.as_step(device, logit_bias, allowed_token_bitmask, repetition_penalty,
+                                frequency_penalty, presence_penalty, output_token_counts,
+                                prompt_token_mask)
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
-                           emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
+                           emitted, seed_t, offset_t, parameters, LOGITS_NAMES, adjustments)
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
-                      emitted, seed_t, offset_t, *parameters.values())
+                      emitted, seed_t, offset_t, *parameters.values(), *adjustments,
+                      processing_order)
     return output, accepted, emitted
 
 
@@ -239,6 +265,14 @@ def tree_speculative_sampling_from_logits(
     draft_top_k: Number = None,
     draft_top_p: Number = None,
     draft_min_p: Number = None,
+    logit_bias: Optional[torch.Tensor] = None,
+    allowed_token_bitmask: Optional[torch.Tensor] = None,
+    repetition_penalty: Number = None,
+    frequency_penalty: Number = None,
+    presence_penalty: Number = None,
+    output_token_counts: Optional[torch.Tensor] = None,
+    prompt_token_mask: Optional[torch.Tensor] = None,
+    processing_order: str = "vllm",
     with_replacement: bool = True,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
@@ -263,6 +297,13 @@ def tree_speculative_sampling_from_logits(
             draft_probs.
         draft_temperature, draft_top_k, draft_top_p, draft_min_p: as in
             ``chain_speculative_sampling_from_logits`` (each None: the target's).
+        logit_bias: (B, V), as in ``chain_speculative_sampling_from_logits``.
+        allowed_token_bitmask: (B, M + 1, ceil(V / 32)) int32: row i's grammar mask (the
+            grammar's state after the path to node i).
+        repetition_penalty, frequency_penalty, presence_penalty, output_token_counts,
+            prompt_token_mask: as in ``chain_speculative_sampling_from_logits``, row i counting
+            the tokens on the path to node i as generated.
+        processing_order: as in ``chain_speculative_sampling_from_logits``.
         with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
 
     Returns:
@@ -275,8 +316,12 @@ def tree_speculative_sampling_from_logits(
     parameters = _params.as_parameters(device, temperature, top_k, top_p, min_p,
                                        draft_temperature, draft_top_k, draft_top_p, draft_min_p)
     target, draft = list(parameters.values())[:4], list(parameters.values())[4:]
+    step = _step.as_step(device, logit_bias, allowed_token_bitmask, repetition_penalty,
+                         frequency_penalty, presence_penalty, output_token_counts,
+                         prompt_token_mask)
     _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
-                            seed_t, offset_t, *target, with_replacement, *draft)
+                            seed_t, offset_t, *target, with_replacement, *draft, *step,
+                            processing_order)
     return _tree_op.tree_speculative_sampling_from_logits_op(
         draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
-        *target, with_replacement, *draft)
+        *target, with_replacement, *draft, *step, processing_order)

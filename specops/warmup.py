@@ -47,15 +47,17 @@ def warmup(
     "block", "tree", or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
     (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
     draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
-    numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use),
-    False for ``chain_speculative_sampling``.  For "tree", ``num_draft`` is the number of nodes M
-    (the kernel is selected by next_pow2(M + 1)), ``ids_dtype`` and ``parents_dtype`` the dtypes
-    of the node tokens and parents, ``logits`` True for ``tree_speculative_sampling_from_logits``,
-    and ``counter_dtype`` does not apply (``with_replacement`` selects no kernel). ``flattened``:
-    True for ``specops.varlen``'s functions (a flattened batch's kernels; its
-    ``cu_num_draft_tokens`` of ``ids_dtype``, ``num_draft`` the max_num_draft_tokens), False for
-    the padded ones (token and block only). ``num_draft`` 0
-    (a step without drafts) is a chain length of its own; trees skip it (a tree has nodes).  Each argument may be one value or several; every
+    numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
+    with a logit bias, a grammar mask or a penalty the kernels read float32 copies of the rows, so
+    include ``torch.float32``), False for ``chain_speculative_sampling``.  For "tree",
+    ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
+    ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
+    for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
+    (``with_replacement`` selects no kernel). ``flattened``: True for ``specops.varlen``'s
+    functions (a flattened batch's kernels; its ``cu_num_draft_tokens`` of ``ids_dtype``,
+    ``num_draft`` the max_num_draft_tokens), False for the padded ones (token and block only).
+    ``num_draft`` 0 (a step without drafts) is a chain length of its own; trees skip it (a tree
+    has nodes).  Each argument may be one value or several; every
     combination is loaded.  Returns the number of combinations.
 
     On a CUDA device with the Triton backend; elsewhere it does nothing and returns 0.
@@ -77,6 +79,7 @@ def warmup(
     if selected_backend(device) != "triton":
         return 0
     from .chain.block import launch as block
+    from .core.logits.rule import OPTIONAL
     from .chain.rows import Flattened
     from .chain.token import launch as token
     from .tree.launch import (tree_speculative_sampling_from_logits_triton,
@@ -118,7 +121,7 @@ def warmup(
                 if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
                     args[:3] = [draft if source == "probs" else None, ids, target]
                     args.insert(3, draft if source == "logits" else None)
-                    args += parameters + [None] * 4  # the draft's: the target's
+                    args += parameters + [None] * OPTIONAL  # the draft's, no step 0
                 # Split over two programs too where V has two chunks (block: its scan kernel).
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs, **layout)

@@ -81,3 +81,4 @@ def tree_inputs(batch, num_nodes, vocab, *, dtype=torch.float32, draft=True,
     ids = torch.multinomial(rows.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_nodes)
     return ((draft_probs.to(dtype) if draft else None), ids.to(ids_dtype),
             parents.to(parents_dtype).contiguous(), target.to(dtype))
+

@@ -143,3 +143,14 @@ def test_varlen_benchmark_runs():
     assert [row[:2] for row in rows] == [["mixed", "token"], ["mixed", "block"],
                                          ["uniform", "token"], ["uniform", "block"]], proc.stdout
     assert all(float(x) > 0 for row in rows for x in row[2:]), proc.stdout
+
+
+def test_sampling_step_benchmark_runs():
+    """benchmarks/sampling_step.py at a small size: every variant for both verifications, each a
+    positive time, the plain call's ratio 1."""
+    proc = run_script([str(BENCH / "sampling_step.py"), "--batch", "2", "--vocab", "500"], 300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("token", "block"))]
+    assert len(rows) == 12 and [row[1] for row in rows[:6:5]] == ["plain", "all"], proc.stdout
+    assert all(float(row[-2]) > 0 for row in rows) and rows[0][-1] == "1.00", proc.stdout

@@ -9,6 +9,7 @@ import torch
 
 import specops
 import specops.varlen
+from specops.core.logits import cpu as logits_cpu
 from specops.core.logits import rule as processing
 
 OP = torch.ops.specops.chain_speculative_sampling_from_logits
@@ -307,6 +308,104 @@ def test_a_top_k_of_minus_one_is_refused_by_name(monkeypatch, entry):
     monkeypatch.setenv("SPECOPS_VALIDATE", "1")
     with pytest.raises(ValueError, match=message + r" at index \(1,\)"):
         _top_k_of_minus_one(entry, torch.tensor([0, -1, 3, 0]))
+
+
+# processing_order="transformers": min-p after top-k and top-p, as Hugging Face applies them.
+ORDER_ROWS = dict(temperature=torch.tensor([0.7, 1.0, 1.3, 0.9, 1.0, 0.0]),
+                  top_k=torch.tensor([0, 12, 0, 30, 0, 0]),
+                  top_p=torch.tensor([0.8, 1.0, 0.6, 0.9, 1.0, 1.0]),
+                  min_p=torch.tensor([0.1, 0.2, 0.05, 0.3, 0.0, 0.5]))
+
+
+def test_transformers_order_is_hugging_faces_warpers():
+    """Rows (temperature, top-k, top-p, min-p each) against transformers' own warpers in its
+    order: the same kept tokens and the same probabilities (to float32 rounding); vLLM's order
+    keeps other tokens in some rows."""
+    from transformers.generation import logits_process as hf
+
+    g = torch.Generator().manual_seed(21)
+    x = 3 * torch.randn(40, 300, generator=g)
+    differ = 0
+    for row in x:
+        for t, k, p, m in ((0.7, 0, 0.8, 0.1), (1.0, 40, 0.9, 0.2), (1.3, 0, 0.6, 0.05),
+                           (0.9, 25, 0.95, 0.3)):
+            scores = row[None].clone()
+            for warper in (hf.TemperatureLogitsWarper(t), hf.TopKLogitsWarper(k) if k else None,
+                           hf.TopPLogitsWarper(p), hf.MinPLogitsWarper(m)):
+                scores = scores if warper is None else warper(None, scores)
+            theirs = scores.softmax(-1)[0]
+            values = [torch.tensor([v]) for v in (t, k, p, m)]
+            ours = processing.processed_rows(row[None], *values, min_p_last=True)[0]
+            assert torch.equal(ours > 0, theirs > 0)
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+            vllm = processing.processed_rows(row[None], *values)[0]
+            differ += not torch.equal(vllm > 0, ours > 0)
+    assert differ > 20  # of 160 rows: the orders are two rules
+
+
+@pytest.mark.parametrize("vocab", [300, 3000])
+def test_cpu_processing_in_transformers_order_is_the_rules(vocab):
+    g = torch.Generator().manual_seed(22)
+    for rows in (3, 40):  # the host's few rows and the general path
+        x = (3 * torch.randn(rows, vocab, generator=g)).round(decimals=1)  # ties
+        values = [v.repeat(7)[:rows] for v in ORDER_ROWS.values()]
+        expected = processing.processed_rows(x, *values, min_p_last=True)
+        assert torch.equal(logits_cpu.processed_rows(x, *values, min_p_last=True), expected)
+        assert not torch.equal(expected, processing.processed_rows(x, *values))
+
+
+@pytest.mark.parametrize("entry", ["token", "block", "varlen", "tree"])
+def test_processing_order_reaches_every_function(entry):
+    target, draft, ids = inputs(batch=24, vocab=60, seed=5)
+    values = {name: value.repeat(4) for name, value in ORDER_ROWS.items()}
+    order = dict(values, draft_logits=draft, seed=torch.arange(24))
+    got = _order_call(entry, target, ids, processing_order="transformers", **order)
+    rows = processing.processed_requests(target, *values.values(), min_p_last=True)
+    drafts = processing.processed_requests(draft, *values.values(), min_p_last=True)
+    expected = _order_call(entry, rows, ids, probabilities=drafts, seed=torch.arange(24))
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, _order_call(entry, target, ids, **order))
+
+
+def _order_call(entry, target, ids, probabilities=None, **kwargs):
+    """A from-logits function on logits, or (``probabilities``: the draft's) its probabilities
+    twin on processed target rows."""
+    batch, positions, vocab = target.shape
+    if entry == "tree":
+        parents = torch.arange(positions - 1).expand(batch, -1)
+        pad = lambda rows: None if rows is None else torch.cat([rows, rows[:, -1:]], 1)  # noqa
+        if probabilities is not None:
+            return specops.tree_speculative_sampling(pad(probabilities), ids, parents, target,
+                                                     **kwargs)[0]
+        kwargs["draft_logits"] = pad(kwargs["draft_logits"])
+        return specops.tree_speculative_sampling_from_logits(None, ids, parents, target,
+                                                             **kwargs)[0]
+    if entry == "varlen":
+        cu = torch.arange(batch + 1) * (positions - 1)
+        flat = lambda rows: rows.reshape(-1, vocab)  # noqa: E731
+        if probabilities is not None:
+            return specops.varlen.chain_speculative_sampling(
+                flat(probabilities), ids.reshape(-1), flat(target), cu, positions - 1,
+                **kwargs)[0]
+        kwargs["draft_logits"] = flat(kwargs["draft_logits"])
+        return specops.varlen.chain_speculative_sampling_from_logits(
+            None, ids.reshape(-1), flat(target), cu, positions - 1, **kwargs)[0]
+    if probabilities is not None:
+        return specops.chain_speculative_sampling(probabilities, ids, target, verification=entry,
+                                                  **kwargs)[0]
+    return specops.chain_speculative_sampling_from_logits(None, ids, target, verification=entry,
+                                                          **kwargs)[0]
+
+
+def test_an_unknown_processing_order_is_refused_by_name():
+    target, _, ids = inputs()
+    call = lambda: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids, target, processing_order="hf", seed=1)
+    with pytest.raises(ValueError, match='processing_order must be "vllm" or "transformers"'):
+        call()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match='processing_order must be "vllm" or "transformers"'):
+        torch.compile(call, backend="aot_eager", fullgraph=True)()
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -91,7 +91,7 @@ def test_the_drafts_own_parameters_match_reference(verification="token"):
     the statistics kernel gives the draft rows their own, token for token the reference's (the
     block launcher shares the backend that hands them over, chain/from_logits_triton.py)."""
     batch = 6
-    target, draft, ids = logits_inputs(batch, 2, 300, torch.float32, seed=12)
+    target, draft, ids = logits_inputs(batch, 2, 130, torch.float32, seed=12)
     seed, offset = seeds(batch, True, offset_per_request=True)
     own = (torch.tensor([0.5, 1.0, 0.8, 2.0, 1.0, 0.3], device=DEVICE),
            torch.tensor([0, 3, 0, 0, 8, 0], device=DEVICE), torch.tensor([1.0, 1.0, 1.0, 0.7, 1.0, 1.0], device=DEVICE),
@@ -143,6 +143,28 @@ def test_row_statistics_keep_the_rules_tokens_and_scale(dtype):
     greedy = (each(t) == 0) & valid.any(-1)
     assert torch.equal(index[greedy].long(), expected[greedy].argmax(-1))
     assert torch.equal(mode == 0, ~valid.any(-1))
+
+
+def test_row_statistics_in_transformers_order_keep_the_rules_tokens():
+    """min-p after top-k and top-p (``min_p_last``): the statistics keep the rule's tokens in
+    that order, and its scale; rows where the orders keep other tokens among them."""
+    from specops.core.logits import rule
+    from specops.core.logits.launch import row_statistics
+
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(3, 1, 300, generator=g) * 3
+    t, k = torch.tensor([1.0, 0.8, 1.2]), torch.tensor([0, 20, 0])
+    p, m = torch.tensor([0.7, 1.0, 0.9]), torch.tensor([0.2, 0.3, 0.05])
+    stats = row_statistics(logits.to(DEVICE), *(v.to(DEVICE) for v in (t, k, p, m)),
+                           min_p_last=True).cpu()
+    mode, peak, coef, limit, scale, index = stats.unbind(-1)
+    rows = logits[:, 0]
+    expected = rule.processed_rows(rows, t, k, p, m, min_p_last=True)
+    bits = (peak[:, None].float() - rows).view(torch.int32).long() & 0xFFFFFFFF
+    assert torch.equal(bits < limit[:, None].long(), expected > 0)
+    valid, e = rule.weights(rows, t)
+    torch.testing.assert_close(scale, 1.0 / rule.kept_mass(e, expected > 0), rtol=1e-6, atol=0)
+    assert not torch.equal(expected > 0, rule.processed_rows(rows, t, k, p, m) > 0)
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])

@@ -19,6 +19,7 @@ import torch
 
 import specops
 from specops.core.logits import rule as processing
+from specops.core.logits.rule import packed_bitmask
 
 import worlds  # tests/worlds.py
 
@@ -57,10 +58,11 @@ def draw(rows: torch.Tensor, generator) -> torch.Tensor:
 
 
 def decode(target, draft, params, draft_source, verification, seed, op=None, draft_params=None,
-           declared=True):
+           declared=True, bias=None, allowed=None):
     """Decode LENGTH tokens of SEQUENCES sequences: (tokens (M, LENGTH), tokens per call).
     draft_params: the parameters the drafter samples the draft's logits with (default: the
-    target's), passed to the op as draft_* where ``declared``."""
+    target's), passed to the op as draft_* where ``declared``. bias (V,): every request's logit
+    bias; allowed (positions, V) bool: each position's grammar mask."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.full((SEQUENCES, LENGTH + NUM_DRAFT + 1), -1, dtype=torch.int64)
     length = torch.zeros(SEQUENCES, dtype=torch.int64)
@@ -80,6 +82,10 @@ def decode(target, draft, params, draft_source, verification, seed, op=None, dra
             draft_probs = None
         else:
             draft_probs = draft_rows[at[:, :NUM_DRAFT]].float()
+        if bias is not None:
+            kwargs["logit_bias"] = bias.expand(active.numel(), -1)
+        if allowed is not None:
+            kwargs["allowed_token_bitmask"] = packed_bitmask(allowed[at])
         out, _, _ = (op or specops.chain_speculative_sampling_from_logits)(
             draft_probs, ids, target[at], **kwargs)
         cols = at
@@ -141,6 +147,132 @@ def test_the_draft_sampled_with_its_own_parameters(verification):
     broken, _ = decode(target, draft, params, "logits", verification, seed=9,
                        draft_params=draft_params, declared=False)
     assert worlds.joint_pvalue(broken, process(target, params)) < P_THRESHOLD
+
+
+def mask_world(seed: int):
+    """A logit bias (V,) and each position's grammar mask (positions, V): 3-5 of 7 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    positions = LENGTH + NUM_DRAFT + 1
+    allowed = torch.rand(positions, VOCAB, generator=g).argsort(-1) < torch.randint(
+        3, 6, (positions, 1), generator=g)
+    return torch.randn(VOCAB, generator=g), allowed
+
+
+def adjusted(target, bias, allowed):
+    return torch.where(allowed, target + bias, -torch.inf)
+
+
+def mask_after_top_k_op(draft_probs, ids, target_logits, *, logit_bias, allowed_token_bitmask,
+                        top_k, **kwargs):
+    """Broken on purpose: top-k taken over the biased logits before the mask removes tokens (the
+    mask applied after truncation, not first)."""
+    x = target_logits + logit_bias[:, None, :]
+    kept = x >= x.topk(top_k, dim=-1).values[..., -1:]
+    allowed = processing.allowed_tokens(allowed_token_bitmask, x.shape[-1])
+    return specops.chain_speculative_sampling_from_logits(
+        draft_probs, ids, torch.where(kept & allowed, x, -torch.inf), **kwargs)
+
+
+@pytest.mark.parametrize("verification, draft_source", [("token", "logits"), ("block", "probs")])
+def test_sequences_follow_the_masked_and_biased_target(verification, draft_source):
+    # Mask first, bias, then temperature and top-k: what the target's requests decode.
+    params = dict(temperature=0.8, top_k=3)
+    target, draft = make_world(seed=10)
+    bias, allowed = mask_world(seed=11)
+    tokens, _ = decode(target, draft, params, draft_source, verification, seed=12, bias=bias,
+                       allowed=allowed)
+    assert worlds.joint_pvalue(tokens, process(adjusted(target, bias, allowed), params)) > \
+        P_THRESHOLD
+    broken, _ = decode(target, draft, params, draft_source, verification, seed=12, bias=bias,
+                       allowed=allowed, op=mask_after_top_k_op)
+    assert worlds.joint_pvalue(broken, process(adjusted(target, bias, allowed), params)) < \
+        P_THRESHOLD
+
+
+# Penalties: the target's distribution at a position depends on the tokens generated before it,
+# so the expected joint distribution is built one position at a time, here, in float64.
+PENALTIES = dict(repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3)
+BASE_COUNTS = torch.tensor([0, 2, 0, 1, 0, 0, 3])  # the output so far, before the sequences
+PROMPT = torch.tensor([1, 0, 0, 0, 1, 0, 0], dtype=torch.bool)
+
+
+def penalized_by_hand(row: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """One row of logits (V,) float64 under PENALTIES with these counts, as vLLM applies them."""
+    seen = (counts > 0) | PROMPT
+    r = PENALTIES["repetition_penalty"]
+    row = torch.where(seen, torch.where(row > 0, row / r, row * r), row)
+    return (row - PENALTIES["frequency_penalty"] * counts
+            - PENALTIES["presence_penalty"] * (counts > 0).double())
+
+
+def expected_with_penalties(target: torch.Tensor, params: dict) -> torch.Tensor:
+    """The joint distribution (V ** LENGTH,) of the first LENGTH tokens (index tok_0 + V tok_1
+    + ...), each position's row processed after the tokens before it are counted."""
+    expected = torch.ones(1, dtype=torch.float64)
+    histories = [torch.zeros(0, dtype=torch.long)]  # the prefixes, in index order
+    for t in range(LENGTH):
+        rows = []
+        for prefix in histories:
+            counts = BASE_COUNTS + torch.bincount(prefix, minlength=VOCAB)
+            rows.append(process(penalized_by_hand(target[t].double(), counts)[None].float(),
+                                params)[0])
+        step = torch.stack(rows) * expected[:, None]  # (prefixes, V): prefix then token
+        expected = step.T.reshape(-1)  # index prefix + V**t token
+        histories = [torch.cat([prefix, torch.tensor([v])]) for v in range(VOCAB)
+                     for prefix in histories]
+    return expected
+
+
+def decode_with_penalties(target, draft, params, verification, seed, count_drafts=True):
+    """decode's loop with each sequence's own output counts; count_drafts=False is broken on
+    purpose: every row penalised by the output alone, the drafts before it not counted."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.full((SEQUENCES, LENGTH + NUM_DRAFT + 1), -1, dtype=torch.int64)
+    length = torch.zeros(SEQUENCES, dtype=torch.int64)
+    draft_rows = process(draft, params)
+    step = 0
+    while bool((length < LENGTH).any()):
+        active = (length < LENGTH).nonzero().squeeze(1)
+        at = length[active][:, None] + torch.arange(NUM_DRAFT + 1)
+        ids = draw(draft_rows[at[:, :NUM_DRAFT]].reshape(-1, VOCAB), g).reshape(-1, NUM_DRAFT)
+        done = torch.where(torch.arange(tokens.shape[1]) < length[active][:, None],
+                           tokens[active], VOCAB)  # VOCAB: not generated yet
+        counts = BASE_COUNTS + torch.nn.functional.one_hot(done, VOCAB + 1)[..., :VOCAB].sum(1)
+        kwargs = dict(seed=torch.tensor([2000 + seed * 100 + step]), offset=torch.tensor([step]),
+                      verification=verification, draft_logits=draft[at[:, :NUM_DRAFT]],
+                      **params)
+        rows = target[at]
+        if count_drafts:
+            kwargs.update(PENALTIES, output_token_counts=counts,
+                          prompt_token_mask=PROMPT.expand(active.numel(), -1))
+        else:
+            rows = torch.stack([torch.stack([penalized_by_hand(row.double(), c).float()
+                                             for row in request])
+                                for request, c in zip(rows, counts)])
+        out, _, _ = specops.chain_speculative_sampling_from_logits(None, ids, rows, **kwargs)
+        tokens[active[:, None], at] = torch.where(out >= 0, out.long(), tokens[active[:, None], at])
+        length[active] += (out >= 0).sum(1)
+        step += 1
+    return tokens[:, :LENGTH]
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sequences_follow_the_penalised_target(verification):
+    # The drafts before a position count as generated: exactly what decoding one token at a time
+    # would use. Leaving them out (every position penalised by the output alone) must fail.
+    params = dict(temperature=0.9)
+    target, draft = make_world(seed=13, scale=1.0)
+    draft = target + 0.3 * (draft - target)  # drafts that often agree, so they repeat
+    expected = expected_with_penalties(target, params)
+    tokens = decode_with_penalties(target, draft, params, verification, seed=14)
+    index = (tokens * VOCAB ** torch.arange(LENGTH)).sum(1)
+    counts = torch.bincount(index, minlength=VOCAB**LENGTH)
+    assert worlds.chi2_pvalue(counts, expected) > P_THRESHOLD
+    broken = decode_with_penalties(target, draft, params, verification, seed=14,
+                                   count_drafts=False)
+    index = (broken * VOCAB ** torch.arange(LENGTH)).sum(1)
+    assert worlds.chi2_pvalue(torch.bincount(index, minlength=VOCAB**LENGTH), expected) < \
+        P_THRESHOLD
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
@@ -23,7 +24,7 @@ SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, Tensor? draft_logits, "
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
     "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
-    f"{params.DRAFT_SCHEMA}) -> Tensor"
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> Tensor"
 )
 
 
@@ -39,7 +40,8 @@ OP_NAMES = LogitsNames()
 
 def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
                            accepted_num, emitted_num, seed, offset, parameters: dict,
-                           names: LogitsNames = OP_NAMES) -> None:
+                           names: LogitsNames = OP_NAMES,
+                           adjustments: step.Step = step.Step()) -> None:
     """Shapes, dtypes and devices (the chain ops' checks, with the logits in the target's place),
     the draft's one source, and the parameter tensors; errors name the argument."""
     check_arguments(draft_probs=None, draft_token_ids=draft_token_ids,
@@ -69,11 +71,14 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
             raise device_error(name, draft, device, names.chain.target_probs)
     params.check_parameters(parameters, batch, device, names.chain.target_probs)
     params.check_draft_parameters_apply(parameters, draft_logits, names.draft_logits)
+    step.check_adjustments(adjustments, batch, (batch, positions), vocab, device,
+                           names.chain.target_probs, "batch_size, num_speculate_tokens + 1")
 
 
 def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
                         parameters: dict, names: LogitsNames = OP_NAMES,
-                        vocab: int | None = None, rows_read=None) -> None:
+                        vocab: int | None = None, rows_read=None,
+                        adjustments: step.Step = step.Step()) -> None:
     """SPECOPS_VALIDATE=1: the chain ops' id and draft-probability checks, logits that are NaN or
     +inf (-inf, the usual mask, is a logit like any other), parameters out of range. vocab and
     rows_read: as in ``check_values``."""
@@ -88,25 +93,30 @@ def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logit
             raise ValueError(f"{name} must be a number or -inf; got {float(logits[where])} at "
                              f"index {where} (SPECOPS_VALIDATE=1)")
     params.check_parameter_values(parameters)
+    step.check_adjustment_values(adjustments)
 
 
 MUTATES_ARGS = ("accepted_num", "emitted_num")
 
 
 def check(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num,
-          seed, offset, *parameters) -> None:
+          seed, offset, *rest) -> None:
     """The registered op's argument check: ``check_logits_arguments`` and counters apart; errors
     name the schema's arguments."""
+    parameters, given, order = step.split_trailing(rest)
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
-                           accepted_num, emitted_num, seed, offset, params.named(*parameters))
+                           accepted_num, emitted_num, seed, offset, params.named(*parameters),
+                           adjustments=given)
+    step.check_order(order)
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
 def check_op_values(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                    emitted_num, seed, offset, *parameters) -> None:
+                    emitted_num, seed, offset, *rest) -> None:
     """The registered op's SPECOPS_VALIDATE=1 check (``check_logits_values``)."""
+    parameters, given, _ = step.split_trailing(rest)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        params.named(*parameters))
+                        params.named(*parameters), adjustments=given)
 
 
 def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:

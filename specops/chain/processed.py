@@ -7,29 +7,35 @@ from __future__ import annotations
 from ..core.logits import rule as params
 
 
-def processed_inputs(draft_probs, target_logits, draft_logits, parameters, draft_parameters,
-                     process=params.processed_rows):
-    """The (draft_probs, target_probs) the chain rules verify: the target's logits processed by
-    each request's parameters (temperature, top_k, top_p, min_p), and the draft's when given by
-    the draft's own (each None: the target's), by ``process`` (the rule of core/logits/rule.py,
-    or a faster way to the same rows); draft_probs as given otherwise (None: one-hot drafts)."""
-    target_probs = params.processed_requests(target_logits, *parameters, process)
+def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, parameters,
+                     draft_parameters, process=params.processed_rows, step=params.Step(),
+                     min_p_last=False):
+    """The (draft_probs, target_probs) the chain rules verify: the target's logits under ``step``
+    (rule step 0: grammar mask, logit bias, penalties with the drafts before each row counted as
+    generated) processed by each request's parameters (temperature, top_k, top_p, min_p), and the
+    draft's when given by the draft's own (each None: the target's), by ``process`` (the rule of
+    core/logits/rule.py, or a faster way to the same rows), in the order ``min_p_last`` says;
+    draft_probs as given otherwise (None: one-hot drafts)."""
+    target_logits = step.adjusted(
+        target_logits, lambda counts: params.chain_generated(counts, draft_token_ids))
+    target_probs = params.processed_requests(target_logits, *parameters, process, min_p_last)
     if draft_logits is not None:
         draft_probs = params.processed_requests(
-            draft_logits, *params.drafts_own(draft_parameters, parameters), process)
+            draft_logits, *params.drafts_own(draft_parameters, parameters), process, min_p_last)
     return draft_probs, target_probs
 
 
 def on_processed_rows(verify, process=params.processed_rows):
     """The from-logits backend of a verifier of probabilities: every row processed as
-    ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows."""
+    ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows.
+    Its arguments: the from-logits op's (chain/from_logits.py), then a launcher's split."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                emitted_num, seed, offset, temperature, top_k, top_p, min_p,
-                draft_temperature=None, draft_top_k=None, draft_top_p=None, draft_min_p=None,
-                *launch):
+                emitted_num, seed, offset, temperature, top_k, top_p, min_p, *rest):
+        draft_parameters, step, order, launch = params.optional_arguments(rest)
         draft_probs, target_probs = processed_inputs(
-            draft_probs, target_logits, draft_logits, (temperature, top_k, top_p, min_p),
-            (draft_temperature, draft_top_k, draft_top_p, draft_min_p), process)
+            draft_probs, draft_token_ids, target_logits, draft_logits,
+            (temperature, top_k, top_p, min_p), draft_parameters, process, step,
+            params.ORDERS[order])
         return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
                       seed, offset, *launch)  # launch: a launcher's split, for warm-up and tests
     backend.__name__ = verify.__name__.replace("_speculative_sampling",

@@ -6,6 +6,7 @@ backend processes the rows, then verifies them as the tree op does (tree/process
 
 from __future__ import annotations
 
+from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import device_error, dtype_error, dtype_name, require_tensor, shape
 from . import arguments
@@ -14,12 +15,12 @@ SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_logits, "
     "Tensor? draft_logits, Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, "
     "Tensor top_p, Tensor min_p, bool with_replacement=True, "
-    f"{params.DRAFT_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> (Tensor, Tensor, Tensor)"
 )
 
 
 def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
-          temperature, top_k, top_p, min_p, with_replacement=True, *draft_parameters) -> None:
+          temperature, top_k, top_p, min_p, with_replacement=True, *rest) -> None:
     """The tree op's checks with the logits in target_probs' place, the draft's one source, and
     the parameter tensors; errors name the argument."""
     arguments.check_arguments(None, draft_token_ids, parents, target_logits, seed, offset,
@@ -42,18 +43,25 @@ def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, se
                             f"({dtype_name(target_logits.dtype)}); got {dtype_name(draft.dtype)}")
         if draft.device != target_logits.device:
             raise device_error(name, draft, target_logits.device, "target_logits")
-    parameters = params.named(temperature, top_k, top_p, min_p, *draft_parameters)
+    draft_parameters, given, order = step.split_trailing((None,) * 4 + rest)
+    step.check_order(order)
+    parameters = params.named(temperature, top_k, top_p, min_p, *draft_parameters[4:])
     params.check_parameters(parameters, target_logits.shape[0], target_logits.device,
                             "target_logits")
     params.check_draft_parameters_apply(parameters, draft_logits, "draft_logits")
+    batch, nodes, vocab = target_logits.shape
+    step.check_adjustments(given, batch, (batch, nodes), vocab, target_logits.device,
+                           "target_logits", "batch_size, num_nodes + 1")
 
 
 def check_values(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed,
                  offset, temperature, top_k, top_p, min_p, with_replacement=True,
-                 *draft_parameters) -> None:
+                 *rest) -> None:
     """SPECOPS_VALIDATE=1: the tree op's id, parent and draft-probability checks, NaN or +inf
-    logits in the rows the op reads, parameters out of range."""
+    logits in the rows the op reads, parameters out of range, a logit bias NaN or +inf."""
     arguments.check_values(draft_probs, draft_token_ids, parents, target_logits,
                            logits=(target_logits, draft_logits))
+    draft_parameters, given, _ = step.split_trailing((None,) * 4 + rest)
     params.check_parameter_values(params.named(temperature, top_k, top_p, min_p,
-                                               *draft_parameters))
+                                               *draft_parameters[4:]))
+    step.check_adjustment_values(given)

@@ -9,6 +9,7 @@ import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
 from ..chain.arguments import check_counters_apart
+from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import require_tensor
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
@@ -103,6 +104,14 @@ def chain_speculative_sampling_from_logits(
     draft_top_k: Number = None,
     draft_top_p: Number = None,
     draft_min_p: Number = None,
+    logit_bias: Optional[torch.Tensor] = None,
+    allowed_token_bitmask: Optional[torch.Tensor] = None,  # (T + B, ceil(V / 32))
+    repetition_penalty: Number = None,
+    frequency_penalty: Number = None,
+    presence_penalty: Number = None,
+    output_token_counts: Optional[torch.Tensor] = None,
+    prompt_token_mask: Optional[torch.Tensor] = None,
+    processing_order: str = "vllm",
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -118,14 +127,17 @@ def chain_speculative_sampling_from_logits(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     parameters = params.as_parameters(device, temperature, top_k, top_p, min_p,
                                       draft_temperature, draft_top_k, draft_top_p, draft_min_p)
+    adjustments = step.as_step(device, logit_bias, allowed_token_bitmask, repetition_penalty,
+                               frequency_penalty, presence_penalty, output_token_counts,
+                               prompt_token_mask)
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
                         max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
-                        parameters, LOGITS_NAMES)
+                        parameters, LOGITS_NAMES, adjustments)
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
                 else varlen_chain_block_speculative_sampling_from_logits_op)
     output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
                       max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
-                      *parameters.values())
+                      *parameters.values(), *adjustments, processing_order)
     return output, accepted, emitted

@@ -14,6 +14,7 @@ from ..chain.arguments import (INDEX_DTYPES, PROB_DTYPES, ArgumentNames, _check_
                                _check_seed_like, check_counters_apart, check_values,
                                padded_rows_read)
 from ..chain.from_logits import LogitsNames, check_logits_values
+from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
@@ -117,7 +118,7 @@ def check_layout(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens,
 
 def check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
                         draft_logits, accepted_num, emitted_num, seed, offset, parameters: dict,
-                        names: Names) -> None:
+                        names: Names, adjustments: step.Step = step.Step()) -> None:
     """``check_layout`` with logits in the target's place, the draft's one source, and the
     parameter tensors (1 or B values each)."""
     if draft_probs is not None and draft_logits is not None:
@@ -128,6 +129,9 @@ def check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num
                          logits=True)
     params.check_parameters(parameters, batch, target_logits.device, names.chain.target_probs)
     params.check_draft_parameters_apply(parameters, draft_logits, names.draft_logits)
+    step.check_adjustments(adjustments, batch, (target_logits.shape[0],),
+                           target_logits.shape[-1], target_logits.device,
+                           names.chain.target_probs, "num_tokens + batch_size")
 
 
 def check_layout_values(draft_token_ids, cu, max_num_draft_tokens, names: Names) -> None:
@@ -163,7 +167,7 @@ LOGITS_SCHEMA = (
     "Tensor cu_num_draft_tokens, SymInt max_num_draft_tokens, Tensor? draft_logits, "
     "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
     "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
-    f"{params.DRAFT_SCHEMA}) -> Tensor"
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> Tensor"
 )
 MUTATES_ARGS = ("accepted_num", "emitted_num")
 
@@ -183,19 +187,22 @@ def check_op_values(draft_probs, draft_token_ids, target_probs, cu, max_num_draf
 
 
 def check_logits(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                 draft_logits, accepted_num, emitted_num, seed, offset, *parameters) -> None:
+                 draft_logits, accepted_num, emitted_num, seed, offset, *rest) -> None:
+    parameters, given, order = step.split_trailing(rest)
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
                         draft_logits, accepted_num, emitted_num, seed, offset,
-                        params.named(*parameters), OP_LOGITS_NAMES)
+                        params.named(*parameters), OP_LOGITS_NAMES, given)
+    step.check_order(order)
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
 def check_logits_op_values(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
                            draft_logits, accepted_num, emitted_num, seed, offset,
-                           *parameters) -> None:
+                           *rest) -> None:
+    parameters, given, _ = step.split_trailing(rest)
     check_layout_values(draft_token_ids, cu, max_num_draft_tokens, OP_LOGITS_NAMES)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
-                        params.named(*parameters), LogitsNames(),
+                        params.named(*parameters), LogitsNames(), adjustments=given,
                         rows_read=rows_read(draft_token_ids, cu, max_num_draft_tokens,
                                             target_logits))
 

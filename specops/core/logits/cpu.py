@@ -76,14 +76,17 @@ def top_k_threshold(e: torch.Tensor, keep: torch.Tensor, top_k: torch.Tensor) ->
 
 
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+                   ) -> torch.Tensor:
     """``rule.processed_rows``: the same float32 rows (R, V)."""
     if logits.shape[0] <= FEW_ROWS:
-        rows = few_rows(logits, temperature, top_k, top_p, min_p)
+        rows = few_rows(logits, temperature, top_k, top_p, min_p, min_p_last)
         if rows is not None:
             return rows
     valid, e = rule.weights(logits, temperature)
-    keep = valid & (e >= min_p.float()[:, None]) if bool((min_p != 0).any()) else valid.clone()
+    any_min_p = bool((min_p != 0).any())
+    keep = valid & (e >= min_p.float()[:, None]) if any_min_p and not min_p_last else \
+        valid.clone()
     vocab = logits.shape[-1]
     rows = torch.nonzero((top_k > 0) & (top_k < vocab)).squeeze(1)
     if rows.numel():
@@ -93,6 +96,8 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     if rows.numel():
         threshold = top_p_threshold(e[rows], keep[rows], top_p[rows])
         keep[rows] &= e[rows] >= threshold
+    if any_min_p and min_p_last:
+        keep &= e >= min_p.float()[:, None]
     scale = (1.0 / rule.kept_mass(e, keep)).float()[:, None]
     out = torch.where(keep, e * scale, 0.0)
     rows = torch.nonzero(temperature == 0).squeeze(1)
@@ -247,7 +252,8 @@ def per_row(values: list[float]):
 
 
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-             top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor | None:
+             top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+             ) -> torch.Tensor | None:
     """``rule.processed_rows`` for a few rows, decided on the host; None when some row needs
     the general path (parameters out of range, a row without mass, a weight that is not a
     number).
@@ -255,7 +261,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     Each step keeps the weights at or above a threshold: min-p at M, top-k at its k-th largest
     weight (the k-th largest of all weights lies below M exactly when fewer than k pass M), top-p
     at its answer among what those keep; so the rows keep e >= max of the three, and a row's
-    dropped weights are 0 in every mass it needs.
+    dropped weights are 0 in every mass it needs. With ``min_p_last`` min-p's threshold comes
+    after top-p's answer, and the kept mass is taken again.
     """
     rows, vocab = logits.shape
     t, k, p, m = (v.tolist() for v in (temperature, top_k, top_p, min_p))
@@ -279,7 +286,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     else:  # invalid logits weigh 0, below every threshold above 0 and adding nothing to a mass
         valid, e = rule.weights(logits, temperature)
 
-    floor = [as_float32(value) for value in m]  # min-p (0: every weight passes)
+    # min-p (0: every weight passes), unless it comes last
+    floor = [0.0 if min_p_last else as_float32(value) for value in m]
     ks = [value if 0 < value < vocab and not g else 0 for value, g in zip(k, greedy)]
     if any(ks):
         largest = e.topk(max(ks), dim=-1).values.tolist()
@@ -299,6 +307,9 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         for r, (threshold, mass) in zip(nucleus, answers):
             raised[r], total[r] = threshold, mass
         kept = kept_rows(kept, [[f] for f in raised], in_place=True)
+    if min_p_last and any(m):  # min-p among what top-k and top-p kept; the top weight, 1, stays
+        kept = kept_rows(kept, [[as_float32(value)] for value in m], in_place=True)
+        total = host_masses(kept)
     out = kept.mul_(per_row([as_float32(1.0 / w) if not g else 1.0
                              for w, g in zip(total, greedy)]))
     if any(greedy):

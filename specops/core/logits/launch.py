@@ -25,13 +25,15 @@ PROCESSED = TritonKernel(processed_rows_kernel, **build_options(4))
 
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor, min_p: torch.Tensor,
-                   flattened: tuple[torch.Tensor, int, int] | None = None) -> torch.Tensor:
+                   flattened: tuple[torch.Tensor, int, int] | None = None,
+                   min_p_last: bool = False) -> torch.Tensor:
     """float64 (B * positions, STATS_FIELDS) statistics of every row of logits (B, positions, V)
     (vocabulary stride 1), under each request's parameters (1 or B values each).
 
     ``flattened`` = (cu, positions, bonus): the logits are a flattened batch's (rows, V), request
     b's n_b + bonus rows from row cu[b] + b * bonus (core/launch/rows_triton.py); the statistics
-    are laid out ``positions`` a request, as a padded batch's, and written for its rows only."""
+    are laid out ``positions`` a request, as a padded batch's, and written for its rows only.
+    ``min_p_last``: min-p after top-k and top-p (``rule.processed_rows``)."""
     if flattened is None:
         batch, positions, vocab = logits.shape
         stride_b, stride_n, _ = logits.stride()
@@ -48,13 +50,15 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     strides = [int(p.numel() != 1) * p.stride(0) for p in (temperature, top_k, top_p, min_p)]
     STATISTICS.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p, cu,
                                         positions, num_tokens, bonus, vocab, stride_b, stride_n,
-                                        *strides, CHUNK=CHUNK_SIZE, VARLEN=flattened is not None,
+                                        *strides, int(min_p_last), CHUNK=CHUNK_SIZE,
+                                        VARLEN=flattened is not None,
                                         **STATISTICS.options)
     return stats
 
 
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+                   ) -> torch.Tensor:
     """``rule.processed_rows`` of every row of logits (B, positions, V) under each request's
     parameters (1 or B values each): float32 (B, positions, V), written by the GPU (the
     statistics, then one pass that writes the rows)."""
@@ -63,7 +67,7 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     out = torch.empty((batch, positions, vocab), dtype=torch.float32, device=logits.device)
     if out.numel() == 0:
         return out
-    stats = row_statistics(logits, temperature, top_k, top_p, min_p)
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p, min_p_last=min_p_last)
     stride_b, stride_n, _ = logits.stride()
     PROCESSED.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
         logits, stats, out, positions, vocab, stride_b, stride_n, CHUNK=CHUNK_SIZE,

@@ -4,6 +4,8 @@ parameter). The rule that applies them is ``rule.py``."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..ops.checks import first_bad_index
@@ -12,13 +14,21 @@ FLOAT_DTYPES = (torch.float32, torch.float64)
 INT_DTYPES = (torch.int32, torch.int64)
 # name -> (the dtypes its tensors may have, its value when None: the step is off)
 PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
-              "top_p": (FLOAT_DTYPES, 1.0), "min_p": (FLOAT_DTYPES, 0.0)}
+              "top_p": (FLOAT_DTYPES, 1.0), "min_p": (FLOAT_DTYPES, 0.0),
+              "repetition_penalty": (FLOAT_DTYPES, 1.0), "frequency_penalty": (FLOAT_DTYPES, 0.0),
+              "presence_penalty": (FLOAT_DTYPES, 0.0)}
+SAMPLING = ("temperature", "top_k", "top_p", "min_p")  # every from-logits op takes them
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")  # None: off
 INTEGER_PARAMETERS = ("top_k",)
 # The draft's own parameters, for rows given as draft logits (None: the target's): the
 # distribution the drafter sampled from may differ from the one the target's tokens follow.
-DRAFT_PARAMETERS = tuple(f"draft_{name}" for name in PARAMETERS)
-RANGES = {"temperature": "a number >= 0 (0: greedy)", "top_k": "an int >= 0 (0: off, where some engines write -1)",
-          "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)"}
+DRAFT_PARAMETERS = tuple(f"draft_{name}" for name in SAMPLING)
+RANGES = {"temperature": "a number >= 0 (0: greedy)",
+          "top_k": "an int >= 0 (0: off, where some engines write -1)",
+          "top_p": "a number in (0, 1] (1: off)", "min_p": "a number in [0, 1] (0: off)",
+          "repetition_penalty": "a finite number > 0 (1: off)",
+          "frequency_penalty": "a finite number (0: off)",
+          "presence_penalty": "a finite number (0: off)"}
 
 
 # The registered ops take the draft's parameters last, each None (the target's) by default.
@@ -42,6 +52,10 @@ def in_range(name: str, value):
     """Where a parameter's values lie in its range (``RANGES``): a bool tensor for a tensor, a
     bool for a Python number (NaN is in no range)."""
     name = base_name(name)
+    if name == "repetition_penalty":
+        return (value > 0) & (value < math.inf)
+    if name in PENALTIES:
+        return (value > -math.inf) & (value < math.inf)
     if name == "temperature":
         return value >= 0
     if name == "top_k":
@@ -55,7 +69,7 @@ def check_parameters(parameters: dict, batch: int, device: torch.device, referen
     """The parameter tensors a registered op takes: 1-D, 1 or ``batch`` elements, of their dtypes,
     on ``device``; a clear error naming the one that is not."""
     for name, value in parameters.items():
-        if value is None and name in DRAFT_PARAMETERS:  # the target's
+        if value is None and name not in SAMPLING:  # the draft's (the target's), or off
             continue
         dtypes = PARAMETERS[base_name(name)][0]
         if not isinstance(value, torch.Tensor):
@@ -86,7 +100,7 @@ def check_draft_parameters_apply(parameters: dict, draft_logits, draft_logits_na
 def check_parameter_values(parameters: dict) -> None:
     """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first."""
     for name, value in parameters.items():
-        if value is None:  # a draft parameter: the target's
+        if value is None:  # the draft's (the target's), or off
             continue
         where = first_bad_index(~in_range(name, value))
         if where is not None:
@@ -126,3 +140,12 @@ def as_parameters(device: torch.device, temperature, top_k, top_p, min_p, draft_
                   draft_min_p)
     return {name: None if value is None and name in DRAFT_PARAMETERS else
             as_parameter(name, value, device) for name, value in given.items()}
+
+
+def as_penalties(device: torch.device, repetition_penalty, frequency_penalty,
+                 presence_penalty) -> tuple:
+    """A public function's penalties as its op takes them: None where not given (off), else
+    ``as_parameter``'s tensor."""
+    return tuple(None if value is None else as_parameter(name, value, device)
+                 for name, value in zip(PENALTIES, (repetition_penalty, frequency_penalty,
+                                                    presence_penalty)))

@@ -5,11 +5,15 @@ plain reference of the rule every sampler that takes logits applies (docs/semant
 For a row of logits x (read as float32) and its request's temperature T, top-k k, top-p P and
 min-p M:
 
+0. Where given (``adjusted_logits``), the row's grammar mask and its request's logit bias: a token
+   the mask does not allow gets -inf, every other x + bias (float32); then its penalties
+   (``penalized``), the drafts before the row counted as generated; then the steps below.
 1. A logit that is NaN or infinite counts as -inf: it is never kept.
 2. T == 0: the row is greedy, one-hot at its largest logit (the lowest index on ties).
 3. T > 0: the weights e = exp2((x - max(x)) * c), c = log2(e) / T, all float32: the softmax of
    x / T before normalising, 1 at the largest logit.
-4. min-p: keep the tokens with e >= M (p >= M * max(p)); M == 0 keeps all.
+4. min-p: keep the tokens with e >= M (p >= M * max(p)); M == 0 keeps all. (Hugging Face
+   transformers' order, ``min_p_last``: this step after step 6.)
 5. top-k: of what is left, keep the tokens with e at least the k-th largest e (ties kept);
    k == 0 or k >= V keeps all.
 6. top-p: of what is left, keep the tokens with e >= t, for the largest t among their weights
@@ -25,6 +29,7 @@ has no mass either. Every step reads its own row and its own request's parameter
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -100,13 +105,19 @@ def out_of_range(temperature, top_k, top_p, min_p) -> torch.Tensor:
 
 
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+                   ) -> torch.Tensor:
     """The float32 distributions (R, V) of rows of logits (R, V) under each row's parameters
-    (R,) (temperature, top_p, min_p float; top_k int): steps 1-7 above."""
+    (R,) (temperature, top_p, min_p float; top_k int): steps 1-7 above. ``min_p_last``: step 4
+    after step 6, Hugging Face transformers' order (its top-k and top-p then choose among all
+    tokens, and min-p among what they keep)."""
     valid, e = weights(logits, temperature)
-    keep = valid & (e >= min_p.float()[:, None])
-    keep &= e >= top_k_threshold(e, keep, top_k)
+    at_least_min_p = e >= min_p.float()[:, None]
+    keep = valid if min_p_last else valid & at_least_min_p
+    keep = keep & (e >= top_k_threshold(e, keep, top_k))
     keep &= e >= top_p_threshold(e, keep, top_p)
+    if min_p_last:
+        keep &= at_least_min_p
     return finished_rows(e, keep, kept_mass(e, keep), greedy_rows(logits, valid), temperature,
                          top_k, top_p, min_p)
 
@@ -121,15 +132,177 @@ def finished_rows(e, keep, mass, greedy, temperature, top_k, top_p, min_p) -> to
 
 
 def processed_requests(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor, min_p: torch.Tensor, process=None) -> torch.Tensor:
+                       top_p: torch.Tensor, min_p: torch.Tensor, process=None,
+                       min_p_last: bool = False) -> torch.Tensor:
     """The float32 rows (B, rows, V) of requests' rows of logits (B, rows, V), each request's
     parameters (1 or B values each) applied to every row of it, by ``process`` (the rows (R, V)
-    and R values each: ``processed_rows`` by default, or a faster way to the same rows)."""
+    and R values each: ``processed_rows`` by default, or a faster way to the same rows), in the
+    order ``min_p_last`` says."""
     batch, rows, vocab = logits.shape
     out = (process or processed_rows)(
         logits.reshape(batch * rows, vocab), *(per_row(value, batch, rows)
-                                               for value in (temperature, top_k, top_p, min_p)))
+                                               for value in (temperature, top_k, top_p, min_p)),
+        min_p_last=min_p_last)
     return out.reshape(batch, rows, vocab)
+
+
+# ``processing_order``'s values, and whether each applies min-p last.
+ORDERS = {"vllm": False, "transformers": True}
+
+
+BITS = 32  # tokens per word of a grammar bitmask
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool (..., V) of an int32 bitmask (..., ceil(V / 32)) in the layout vLLM, SGLang and
+    XGrammar share: bit i % 32 of word i // 32 set where token i is allowed."""
+    bits = (bitmask[..., None] >> torch.arange(BITS, device=bitmask.device, dtype=torch.int32)) & 1
+    return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab].bool()
+
+
+def packed_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """The int32 bitmask (..., ceil(V / 32)) of bool rows (..., V): ``allowed_tokens``' inverse,
+    for callers that hold their masks as booleans."""
+    words = -(-allowed.shape[-1] // BITS)
+    bits = torch.zeros(*allowed.shape[:-1], words * BITS, dtype=torch.int64, device=allowed.device)
+    bits[..., :allowed.shape[-1]] = allowed.long()
+    shifts = torch.arange(BITS, dtype=torch.int64, device=allowed.device)
+    packed = (bits.view(*allowed.shape[:-1], words, BITS) << shifts).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def adjusted_logits(logits: torch.Tensor, logit_bias: torch.Tensor | None = None,
+                    bitmask: torch.Tensor | None = None, penalties: Penalties | None = None,
+                    generated: torch.Tensor | None = None) -> torch.Tensor:
+    """Step 0 for requests' rows of logits (B, rows, V): float32, -inf where bitmask (B, rows,
+    ceil(V / 32)) does not allow a token, x + logit_bias (B, V) (each request's, on each of its
+    rows) elsewhere, then ``penalized`` by ``penalties`` with each row's ``generated`` counts
+    (B, rows, V). The logits as they are when none is given."""
+    if logit_bias is None and bitmask is None and penalties is None:
+        return logits  # as given: no copy
+    x = logits.float()
+    if logit_bias is not None:
+        x = x + logit_bias.float()[:, None, :]
+    if bitmask is not None:
+        x = x.masked_fill(~allowed_tokens(bitmask, x.shape[-1]), -torch.inf)
+    if penalties is not None:
+        x = penalized(x, penalties, generated)
+    return x
+
+
+class Penalties(NamedTuple):
+    """A request's penalties with vLLM's meaning (1 or B values each; 1, 0, 0: off) and what they
+    count: ``counts`` (B, V) int, each token's occurrences in the output so far; ``prompt``
+    (B, V) bool or None, the tokens of the prompt (the repetition penalty's only)."""
+
+    repetition: torch.Tensor
+    frequency: torch.Tensor
+    presence: torch.Tensor
+    counts: torch.Tensor
+    prompt: torch.Tensor | None = None
+
+
+class Step(NamedTuple):
+    """Step 0's inputs as a from-logits op takes them, its last arguments, each None (off) by
+    default."""
+
+    logit_bias: torch.Tensor | None = None  # (B, V) float
+    allowed_token_bitmask: torch.Tensor | None = None  # (*rows, ceil(V / 32)) int32
+    repetition_penalty: torch.Tensor | None = None  # (1,) or (B,) float each
+    frequency_penalty: torch.Tensor | None = None
+    presence_penalty: torch.Tensor | None = None
+    output_token_counts: torch.Tensor | None = None  # (B, V) int32/int64
+    prompt_token_mask: torch.Tensor | None = None  # (B, V) bool
+
+    def penalties(self) -> Penalties | None:
+        """The rule's penalties (those not given off: 1, 0, 0), or None where none is given."""
+        given = (self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
+        if all(value is None for value in given):
+            return None
+        device = self.output_token_counts.device
+        values = [torch.full((1,), off, device=device) if value is None else value
+                  for value, off in zip(given, (1.0, 0.0, 0.0))]
+        return Penalties(*values, self.output_token_counts, self.prompt_token_mask)
+
+    def changes_logits(self) -> bool:
+        """Whether ``adjusted`` changes any logit: counts or a prompt mask without a penalty do
+        not."""
+        return any(value is not None for value in (
+            self.logit_bias, self.allowed_token_bitmask, self.repetition_penalty,
+            self.frequency_penalty, self.presence_penalty))
+
+    def adjusted(self, logits: torch.Tensor, generated=None) -> torch.Tensor:
+        """``adjusted_logits`` of requests' rows (B, rows, V) by this step; ``generated``:
+        the rows' generated counts (B, rows, V), or a function of the output's counts (B, V)
+        that gives them, needed where a penalty is given."""
+        penalties = self.penalties()
+        if penalties is not None and callable(generated):
+            generated = generated(penalties.counts)
+        return adjusted_logits(logits, self.logit_bias, self.allowed_token_bitmask, penalties,
+                               generated)
+
+
+# A from-logits op's arguments after its four sampling parameters: the draft's four, step 0's
+# (Step), the processing order; a launcher's own arguments may follow them.
+OPTIONAL = 4 + len(Step._fields) + 1
+
+
+def optional_arguments(rest: tuple) -> tuple[tuple, Step, str, tuple]:
+    """(the draft's four parameters, the Step, the processing order, the arguments after them) of
+    a from-logits op's arguments after min_p, defaults where the dispatcher left them out."""
+    given = tuple(rest[:OPTIONAL]) + (None,) * (OPTIONAL - len(rest[:OPTIONAL]))
+    return given[:4], Step(*given[4:-1]), given[-1] or "vllm", tuple(rest[OPTIONAL:])
+
+
+def penalties_in_range(penalties: Penalties) -> torch.Tensor:
+    """(B,) or (1,) bool: a repetition penalty > 0, finite frequency and presence penalties."""
+    return ((penalties.repetition > 0) & (penalties.repetition < torch.inf)
+            & torch.isfinite(penalties.frequency) & torch.isfinite(penalties.presence))
+
+
+def penalized(x: torch.Tensor, penalties: Penalties, generated: torch.Tensor) -> torch.Tensor:
+    """Requests' rows of logits (B, rows, V) float32 under their penalties, in vLLM's order:
+    where a token was generated (``generated`` (B, rows, V): the output's counts plus the drafts
+    before each row) or is in the prompt, a positive logit divided by the repetition penalty and
+    any other multiplied by it; then the frequency penalty times the count and the presence
+    penalty where the count is positive subtracted (float32, in that order). A request whose
+    penalties are out of range gets rows of NaN: no mass."""
+    def each(value):  # (1 or B,) -> broadcast over rows and tokens
+        return value.float()[:, None, None]
+
+    seen = generated > 0
+    if penalties.prompt is not None:
+        seen = seen | penalties.prompt[:, None, :]
+    r = each(penalties.repetition)
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    x = x - each(penalties.frequency) * generated.float()
+    x = x - each(penalties.presence) * (generated > 0).float()
+    return torch.where(each(penalties_in_range(penalties)) > 0, x, torch.nan)
+
+
+def generated_counts(counts: torch.Tensor, drafts: torch.Tensor, before: torch.Tensor
+                     ) -> torch.Tensor:
+    """(R, V) int32: each row's output counts (R, V) plus one for each of its drafts (R, K) (ids;
+    those outside [0, V), and all after the first of them, not counted) at the positions
+    ``before`` (R, K) marks: a scatter of K ids a row, not a pass over V per draft."""
+    vocab = counts.shape[-1]
+    inside = (drafts >= 0) & (drafts < vocab)
+    counted = (inside.int().cumprod(dim=-1) * before).int()  # the first id outside ends them
+    return counts.int().scatter_add(1, drafts.long().clamp(0, vocab - 1), counted)
+
+
+def chain_generated(counts: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+    """(B, N + 1, V) int32: row j's generated tokens, the output's counts (B, V) and drafts
+    0..j-1 of the request's (B, N) drafts (those before its first id outside [0, V))."""
+    batch, num_draft = draft_token_ids.shape
+    rows = num_draft + 1
+    position = torch.arange(rows, device=counts.device)
+    before = position[None, :, None] > torch.arange(num_draft, device=counts.device)
+    drafts = draft_token_ids[:, None, :].expand(batch, rows, num_draft)
+    return generated_counts(counts[:, None, :].expand(batch, rows, -1).reshape(batch * rows, -1),
+                            drafts.reshape(batch * rows, num_draft),
+                            before.expand(batch, rows, num_draft).reshape(batch * rows, -1)
+                            ).view(batch, rows, -1)
 
 
 def drafts_own(draft_parameters, parameters) -> tuple:

@@ -161,7 +161,7 @@ def _keep_limit(coef, floor):
 @triton.jit(do_not_specialize=["stats_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr",
                                "min_p_ptr", "cu_ptr", "positions", "num_tokens", "bonus",
                                "temperature_stride", "top_k_stride", "top_p_stride",
-                               "min_p_stride"])
+                               "min_p_stride", "min_p_last"])
 def row_statistics_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1 (VARLEN: (T + B bonus, V))
     stats_ptr,  # (B * positions, STATS) float64, written (VARLEN: request b's rows only)
@@ -172,6 +172,7 @@ def row_statistics_kernel(
     bonus,  # VARLEN: 1 where request b has n_b + 1 rows (a target's), 0 where n_b (a draft's)
     vocab, stride_b, stride_n,  # VARLEN: stride_b unused
     temperature_stride, top_k_stride, top_p_stride, min_p_stride,  # 0 for one value for all
+    min_p_last,  # 1: min-p after top-k and top-p (Hugging Face transformers' order)
     CHUNK: tl.constexpr,
     VARLEN: tl.constexpr,  # a flattened batch (core/launch/rows_triton.py)
 ):
@@ -202,13 +203,14 @@ def row_statistics_kernel(
     scale = tl.full([], 1.0, tl.float32)
     limit = tl.zeros([], tl.int32)  # keeps nothing
     if mode == SAMPLED:
-        floor = min_p
+        floor = tl.where(min_p_last != 0, 0.0, min_p)
         if (top_k > 0) & (top_k < vocab):
             if _count(logits_row, vocab, peak, coef, floor, CHUNK) > top_k:
                 floor = _largest_floor(logits_row, vocab, peak, coef, floor, top_k, False, CHUNK)
         if top_p < 1:
             goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, CHUNK)
             floor = _largest_floor(logits_row, vocab, peak, coef, floor, goal, True, CHUNK)
+        floor = tl.maximum(floor, min_p)  # min-p last; in vLLM's order the floor is above it
         mass = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
         if mass > 0:
