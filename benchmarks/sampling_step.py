@@ -6,7 +6,8 @@ the penalties, and all of them, side by side in one run.
     python benchmarks/sampling_step.py --device cuda --batch 64 --vocab 128256
 
 Printed per verification: median microseconds per call of each variant and its ratio to the plain
-call. On a GPU the bias, the mask and the penalties are applied, for now, by a float32 copy of the
+call. The requests sample with temperature and min-p, no top-k or top-p, so that the ratios show
+what each part adds rather than the truncations' searches. On a GPU the bias, the mask and the penalties are applied, for now, by a float32 copy of the
 target's adjusted logits before the fused kernels (docs/internals/decisions.md), so their ratio
 there is the price of that copy.
 """
@@ -49,7 +50,7 @@ def inputs(batch, num_draft, vocab, dtype, device, gen):
 
 def variants(step: dict) -> dict:
     """Each variant's extra arguments."""
-    draft_own = dict(draft_temperature=0.7, draft_top_k=50)
+    draft_own = dict(draft_temperature=0.7, draft_min_p=0.05)
     everything = dict(draft_own, logit_bias=step["logit_bias"],
                       allowed_token_bitmask=step["allowed_token_bitmask"], **step["penalties"])
     return {"plain": {}, "draft's own parameters": draft_own,
@@ -76,7 +77,7 @@ def main(argv=None) -> None:
                                       DTYPES[args.dtype], device, gen)
     seed = torch.arange(args.batch, device=device)
     print(f"# {describe_device(device)}, torch {torch.__version__}; B = {args.batch}, "
-          f"N = {args.num_draft}, V = {args.vocab}, {args.dtype}; temperature 0.9, top-p 0.95, "
+          f"N = {args.num_draft}, V = {args.vocab}, {args.dtype}; temperature 0.9, min-p 0.02, "
           f"drafts from draft logits")
     print(f"{'verify':<6} {'variant':<24} {'us':>10} {'ratio':>7}")
     for verification in args.verification:
@@ -84,7 +85,7 @@ def main(argv=None) -> None:
         for name, extra in variants(step).items():
             def call(i, extra=extra):
                 return specops.chain_speculative_sampling_from_logits(
-                    None, ids, target, draft_logits=draft, temperature=0.9, top_p=0.95,
+                    None, ids, target, draft_logits=draft, temperature=0.9, min_p=0.02,
                     seed=seed, verification=verification, **extra)
             seconds = time_eager(call, 1, device)
             plain = plain or seconds
