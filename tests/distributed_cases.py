@@ -379,6 +379,19 @@ def other_values(rank, attempt, draft, ids, target, start):
                                  offset=as_given(seeds)))
     attempt("same values, logits", logits(as_given(ids), seed=as_given(seeds), offset=3))
     attempt("offset None and 0", probs(ids, seed=1, offset=0 if rank == 1 else None))
+    attempt("other temperature, logits", lambda: sd.chain_speculative_sampling_from_logits(
+        None, ids, target.log(), temperature=0.7 + 0.1 * rank, seed=0, vocab_start=start))
+    per_request_p = torch.tensor([0.9, 0.8, 0.95, 0.7 + 0.1 * rank])
+    attempt("other per-request top_p, logits block",
+            lambda: sd.chain_speculative_sampling_from_logits(
+                None, ids, target.log(), top_p=per_request_p, seed=0, verification="block",
+                vocab_start=start))
+    parameters = (dict(temperature=0.7, top_k=5) if rank == 0 else
+                  dict(temperature=torch.tensor([0.7], dtype=torch.float64),
+                       top_k=torch.tensor([5], dtype=torch.int32)))
+    attempt("same parameters in other forms, logits",
+            lambda: sd.chain_speculative_sampling_from_logits(
+                None, ids, target.log(), seed=0, vocab_start=start, **parameters))
 
 
 @contextlib.contextmanager

@@ -156,6 +156,8 @@ def test_the_group_works_after_refusals(two):
     ("other seed, logits", "seed"), ("other per-request offsets, logits block", "offset"),
     ("other ids", "draft_token_ids"), ("swapped ids, block", "draft_token_ids"),
     ("+1 -2 +1 ids, logits", "draft_token_ids"), ("other ids, logits block", "draft_token_ids"),
+    ("other temperature, logits", "temperature"),
+    ("other per-request top_p, logits block", "top_p"),
 ])
 def test_ranks_given_other_seeds_offsets_or_draft_ids_raise_the_same_error(two, case, argument):
     """Otherwise every rank would return other tokens."""
@@ -166,7 +168,8 @@ def test_ranks_given_other_seeds_offsets_or_draft_ids_raise_the_same_error(two, 
     assert f"every rank must pass the same {argument}" in message and "rank(s) [1]" in message
 
 
-@pytest.mark.parametrize("case", ["same values", "same values, logits", "offset None and 0"])
+@pytest.mark.parametrize("case", ["same values", "same values, logits", "offset None and 0",
+                                  "same parameters in other forms, logits"])
 def test_ranks_given_the_same_seeds_offsets_and_draft_ids_in_other_forms_run(two, case):
     assert messages(two, case) == [None, None]
 

@@ -144,12 +144,15 @@ def _record(target, draft_kind, verification, seed, arguments, vocab_start, voca
                   arguments["offset"].numel(), int(validation_enabled()))
 
 
-def _same(seed, offset, seed_t, offset_t, ids) -> tuple:
-    """The seed, offset and draft ids every rank must pass the same (comm.SAME): the caller's,
-    None where drawn (a draw differs by rank until the first rank's is broadcast). The offset of
-    a given seed is the caller's or 0 on every rank, so it is compared too."""
+def _same(seed, offset, seed_t, offset_t, ids, parameters=None) -> tuple:
+    """The seed, offset, draft ids and (from logits) sampling parameters every rank must pass the
+    same (comm.SAME): the caller's, None where drawn (a draw differs by rank until the first
+    rank's is broadcast) or not taken. The offset of a given seed is the caller's or 0 on every
+    rank, so it is compared too."""
+    taken = parameters or {}
     return (None if seed is None else seed_t,
-            None if seed is None and offset is None else offset_t, ids)
+            None if seed is None and offset is None else offset_t, ids,
+            *(taken.get(name) for name in ("temperature", "top_k", "top_p", "min_p")))
 
 
 def _cut(tensor, width):
@@ -268,7 +271,7 @@ def chain_speculative_sampling_from_logits(
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
                          parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain,
                          probs=(None, draft_probs),
-                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids))
+                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids, parameters))
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
                                   start, size, _searches(top_k, top_p))

@@ -87,6 +87,14 @@ class Record(NamedTuple):
     offset_print2: int = 0
     ids_print: int = 0
     ids_print2: int = 0
+    temperature_print: int = 0  # from logits: the sampling parameters' (0: from probabilities)
+    temperature_print2: int = 0
+    top_k_print: int = 0
+    top_k_print2: int = 0
+    top_p_print: int = 0
+    top_p_print2: int = 0
+    min_p_print: int = 0
+    min_p_print2: int = 0
 
 
 # Fields every rank must agree on, and the argument an error then names.
@@ -104,7 +112,9 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
 # that differ would draw other numbers, or verify other drafts, and return other tokens. They
 # come after the shapes, which must agree for the fingerprints to compare like with like.
 SAME = (("seed", ("seed_print", "seed_print2")), ("offset", ("offset_print", "offset_print2")),
-        ("draft_token_ids", ("ids_print", "ids_print2")))
+        ("draft_token_ids", ("ids_print", "ids_print2")),
+        *((name, (f"{name}_print", f"{name}_print2"))
+          for name in ("temperature", "top_k", "top_p", "min_p")))
 _FIRST_PRINT = Record._fields.index("seed_print")
 
 # SplitMix64's constants as int64: its finaliser makes the fingerprints' weights.
@@ -120,6 +130,15 @@ def _weights(length: int, device: torch.device) -> torch.Tensor:
     return ((z ^ (z >> 31)) | 1).view(length, 2).T
 
 
+def _as_integers(values: torch.Tensor) -> torch.Tensor:
+    """int64 values that are equal exactly where the op reads equal values: integers as they
+    are, floating values (the sampling parameters) by their bits as float32, the precision the
+    op reads them in."""
+    if values.is_floating_point():
+        return values.float().view(torch.int32).to(torch.int64)
+    return values.to(torch.int64)
+
+
 def fingerprints(values, device: torch.device) -> torch.Tensor:
     """Two fingerprints of each tensor of ``values`` (None: 0 and 0): the sums of its flattened
     values times two rows of weights, modulo 2**64: (2 * len(values),) int64, computed on
@@ -133,7 +152,7 @@ def fingerprints(values, device: torch.device) -> torch.Tensor:
     depend on their order. The values themselves are not gathered: their number depends on B, on
     which the ranks may yet disagree, and the exchange is one gather of a fixed size."""
     parts = [torch.zeros(0, dtype=torch.int64, device=device) if value is None
-             else value.reshape(-1).to(device, torch.int64) for value in values]
+             else _as_integers(value.reshape(-1).to(device)) for value in values]
     flat = torch.cat(parts)
     weighted = flat * _weights(flat.numel(), device)
     sums = [part.sum(dim=-1) for part in weighted.split([p.numel() for p in parts], dim=1)]
