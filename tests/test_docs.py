@@ -168,17 +168,28 @@ def demo_error(*args: str) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
-def test_demo_bad_flags_get_their_own_one_line_message():
+def test_demo_bad_flags_get_their_own_one_line_message(capsys):
+    # One through `python -m specops.demo` itself, the rest through its parser in this process.
     assert "--draft-len: expected a whole number >= 1, got '0'" in demo_error("--draft-len", "0")
-    assert "--batch-size: expected a whole number >= 1, got 'x'" in demo_error("--batch-size", "x")
-    assert "--length: expected a whole number >= 1, got '-3'" in demo_error("--length", "-3")
-    assert "--device: expected cpu or cuda, got 'tpu'" in demo_error("--device", "tpu")
-    assert "--temperature: expected a number in [0, inf], got '-1'" in demo_error("--temperature", "-1")
-    assert "--top-k: expected a whole number in [0, inf], got '2.5'" in demo_error("--top-k", "2.5")
-    assert "--top-p: expected a number in (0, 1], got '0'" in demo_error("--top-p", "0")
-    assert "--min-p: expected a number in [0, 1], got 'x'" in demo_error("--min-p", "x")
+
+    def parser_error(*args: str) -> str:
+        import specops.demo
+
+        with pytest.raises(SystemExit) as info:
+            specops.demo.parse_args(list(args))
+        assert info.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert "--batch-size: expected a whole number >= 1, got 'x'" in parser_error("--batch-size", "x")
+    assert "--length: expected a whole number >= 1, got '-3'" in parser_error("--length", "-3")
+    assert "--device: expected cpu or cuda, got 'tpu'" in parser_error("--device", "tpu")
+    assert "--temperature: expected a number in [0, inf], got '-1'" in parser_error(
+        "--temperature", "-1")
+    assert "--top-k: expected a whole number in [0, inf], got '2.5'" in parser_error("--top-k", "2.5")
+    assert "--top-p: expected a number in (0, 1], got '0'" in parser_error("--top-p", "0")
+    assert "--min-p: expected a number in [0, 1], got 'x'" in parser_error("--min-p", "x")
     if not torch.cuda.is_available():
-        assert "--device: CUDA is not available" in demo_error("--device", "cuda")
+        assert "--device: CUDA is not available" in parser_error("--device", "cuda")
 
 
 @pytest.mark.parametrize("children", ["sampled", "top-k"])
