@@ -1,6 +1,7 @@
 """The cost of each part of the sampling step inside verification from logits: the call with
 none of them against the same call with the draft's own parameters, a logit bias, a grammar mask,
-the penalties, and all of them, side by side in one run.
+the penalties, all of them, and the logprobs of the output tokens (raw, processed, with the top
+5), side by side in one run.
 
     python benchmarks/sampling_step.py                     # CPU: B = 8, N = 4, V = 32000
     python benchmarks/sampling_step.py --device cuda --batch 64 --vocab 128256
@@ -56,7 +57,10 @@ def variants(step: dict) -> dict:
     return {"plain": {}, "draft's own parameters": draft_own,
             "logit bias": dict(logit_bias=step["logit_bias"]),
             "grammar mask": dict(allowed_token_bitmask=step["allowed_token_bitmask"]),
-            "penalties": step["penalties"], "all of them": everything}
+            "penalties": step["penalties"], "all of them": everything,
+            "raw logprobs": dict(logprobs="raw"),
+            "processed logprobs": dict(logprobs="processed"),
+            "processed logprobs, top 5": dict(logprobs="processed", num_top_logprobs=5)}
 
 
 def main(argv=None) -> None:

@@ -23,6 +23,9 @@ from .core.logits import adjustments as _step
 from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
+from .chain.logprobs import chain_logprobs
+from .core.logprobs.outputs import check_request as check_logprobs_request
+from .tree.logprobs import tree_logprobs
 from .tree import arguments as _tree_arguments, from_logits as _tree_from_logits
 from .tree import op as _tree_op
 
@@ -135,11 +138,13 @@ def chain_speculative_sampling_from_logits(
     output_token_counts: Optional[torch.Tensor] = None,
     prompt_token_mask: Optional[torch.Tensor] = None,
     processing_order: str = "vllm",
+    logprobs: Optional[str] = None,
+    num_top_logprobs: int = 0,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
     verification: str = "token",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """Speculative sampling of a chain of drafts against the distributions each request's
     sampling parameters make of the target's logits (docs/semantics.md, "Verification from
     logits"): temperature (0: greedy), min-p, top-k, top-p, in vLLM's order, then the rules of
@@ -176,10 +181,18 @@ def chain_speculative_sampling_from_logits(
         processing_order: "vllm" (min-p, top-k, top-p) or "transformers" (top-k, top-p, then
             min-p, as Hugging Face transformers applies them), for the target's rows and the
             draft's logits alike.
+        logprobs: "processed" (each output token's log-probability under its position's
+            distribution, as verification processed it), "raw" (the ``log_softmax`` of the logits
+            as given) or None (docs/api.md, "Logprobs").
+        num_top_logprobs: k in [0, V]: with logprobs, the k most likely tokens of each position
+            and their logprobs too, as OpenAI's ``top_logprobs``.
         generator, seed, offset, verification: as in ``chain_speculative_sampling``.
 
     Returns:
-        (output_token_ids (B, N + 1) int32, accepted, emitted), as ``chain_speculative_sampling``.
+        (output_token_ids (B, N + 1) int32, accepted, emitted), as ``chain_speculative_sampling``;
+        with logprobs, then the logprobs (B, N + 1) float32 (-inf where the output is -1); with
+        num_top_logprobs = k > 0, then the top ids (B, N + 1, k) int32 and their logprobs
+        (B, N + 1, k) float32, most likely first (-1 and -inf past the tokens with probability).
     """
     device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
                                                maybe_output_accepted_token_num,
@@ -194,12 +207,15 @@ def chain_speculative_sampling_from_logits(
                                 prompt_token_mask)
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                            emitted, seed_t, offset_t, parameters, LOGITS_NAMES, adjustments)
+    check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                       emitted, seed_t, offset_t, *parameters.values(), *adjustments,
                       processing_order)
-    return output, accepted, emitted
+    return (output, accepted, emitted) + chain_logprobs(
+        logprobs, num_top_logprobs, target_logits, draft_token_ids, output,
+        list(parameters.values())[:4], adjustments, processing_order)
 
 
 def tree_speculative_sampling(
@@ -273,11 +289,13 @@ def tree_speculative_sampling_from_logits(
     output_token_counts: Optional[torch.Tensor] = None,
     prompt_token_mask: Optional[torch.Tensor] = None,
     processing_order: str = "vllm",
+    logprobs: Optional[str] = None,
+    num_top_logprobs: int = 0,
     with_replacement: bool = True,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """Speculative sampling over a tree of drafts against the distributions each request's
     sampling parameters make of the target's logits: the rule of
     ``chain_speculative_sampling_from_logits`` (docs/semantics.md, "Verification from logits")
@@ -303,12 +321,15 @@ def tree_speculative_sampling_from_logits(
         repetition_penalty, frequency_penalty, presence_penalty, output_token_counts,
             prompt_token_mask: as in ``chain_speculative_sampling_from_logits``, row i counting
             the tokens on the path to node i as generated.
-        processing_order: as in ``chain_speculative_sampling_from_logits``.
+        processing_order, logprobs, num_top_logprobs: as in
+            ``chain_speculative_sampling_from_logits``; output position j's token is drawn from
+            the row of the path's j-th node (the root's for j = 0).
         with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
 
     Returns:
         (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), all int32, as
-        ``tree_speculative_sampling``.
+        ``tree_speculative_sampling``; then the logprobs (B, M + 1) and top tokens as in
+        ``chain_speculative_sampling_from_logits``, where asked for.
     """
     require_tensor("target_logits", target_logits)
     device = target_logits.device
@@ -322,6 +343,10 @@ def tree_speculative_sampling_from_logits(
     _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
                             seed_t, offset_t, *target, with_replacement, *draft, *step,
                             processing_order)
-    return _tree_op.tree_speculative_sampling_from_logits_op(
+    check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
+    output, nodes, emitted = _tree_op.tree_speculative_sampling_from_logits_op(
         draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
         *target, with_replacement, *draft, *step, processing_order)
+    return (output, nodes, emitted) + tree_logprobs(
+        logprobs, num_top_logprobs, target_logits, draft_token_ids, parents, output, nodes,
+        target, step, processing_order)

@@ -13,7 +13,9 @@ from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import require_tensor
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
+from ..core.logprobs.outputs import check_request
 from .arguments import Names, check_layout, check_logits_layout
+from .logprobs import varlen_logprobs
 from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
                  varlen_chain_block_speculative_sampling_op,
                  varlen_chain_speculative_sampling_from_logits_op,
@@ -112,15 +114,17 @@ def chain_speculative_sampling_from_logits(
     output_token_counts: Optional[torch.Tensor] = None,
     prompt_token_mask: Optional[torch.Tensor] = None,
     processing_order: str = "vllm",
+    logprobs: Optional[str] = None,
+    num_top_logprobs: int = 0,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
     verification: str = "token",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """``specops.chain_speculative_sampling_from_logits`` on a flattened batch: the layout of
     ``chain_speculative_sampling`` above (``target_logits`` (T + B, V), ``draft_logits`` (T, V)),
     each request's sampling parameters (1 or B values) applied to its rows; request b gets exactly
-    the tokens and counts the padded function gives it."""
+    the tokens, counts and logprobs (B, max + 1, where asked for) the padded function gives it."""
     device, accepted, emitted = _opening(verification, target_logits, "target_logits",
                                          cu_num_draft_tokens, maybe_output_accepted_token_num,
                                          maybe_output_emitted_draft_token_num)
@@ -133,6 +137,7 @@ def chain_speculative_sampling_from_logits(
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
                         max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                         parameters, LOGITS_NAMES, adjustments)
+    check_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
@@ -140,4 +145,7 @@ def chain_speculative_sampling_from_logits(
     output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
                       max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                       *parameters.values(), *adjustments, processing_order)
-    return output, accepted, emitted
+    return (output, accepted, emitted) + varlen_logprobs(
+        logprobs, num_top_logprobs, target_logits, draft_token_ids, cu_num_draft_tokens,
+        max_num_draft_tokens, output, list(parameters.values())[:4], adjustments,
+        processing_order)

@@ -83,6 +83,21 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         rows = few_rows(logits, temperature, top_k, top_p, min_p, min_p_last)
         if rows is not None:
             return rows
+    valid, e, keep = kept_weights(logits, temperature, top_k, top_p, min_p, min_p_last)
+    scale = (1.0 / rule.kept_mass(e, keep)).float()[:, None]
+    out = torch.where(keep, e * scale, 0.0)
+    rows = torch.nonzero(temperature == 0).squeeze(1)
+    if rows.numel():
+        out[rows] = rule.greedy_rows(logits[rows], valid[rows])
+    bad = rule.out_of_range(temperature, top_k, top_p, min_p)
+    if bool(bad.any()):
+        out[bad] = 0.0
+    return out
+
+
+def kept_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False):
+    """``rule.kept_weights``: the same (valid, e, keep), each step on the rows that need it."""
     valid, e = rule.weights(logits, temperature)
     any_min_p = bool((min_p != 0).any())
     keep = valid & (e >= min_p.float()[:, None]) if any_min_p and not min_p_last else \
@@ -98,15 +113,7 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         keep[rows] &= e[rows] >= threshold
     if any_min_p and min_p_last:
         keep &= e >= min_p.float()[:, None]
-    scale = (1.0 / rule.kept_mass(e, keep)).float()[:, None]
-    out = torch.where(keep, e * scale, 0.0)
-    rows = torch.nonzero(temperature == 0).squeeze(1)
-    if rows.numel():
-        out[rows] = rule.greedy_rows(logits[rows], valid[rows])
-    bad = rule.out_of_range(temperature, top_k, top_p, min_p)
-    if bool(bad.any()):
-        out[bad] = 0.0
-    return out
+    return valid, e, keep
 
 
 # ---------------------------------------------------------------------- a few rows, on the host

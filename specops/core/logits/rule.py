@@ -111,6 +111,15 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     (R,) (temperature, top_p, min_p float; top_k int): steps 1-7 above. ``min_p_last``: step 4
     after step 6, Hugging Face transformers' order (its top-k and top-p then choose among all
     tokens, and min-p among what they keep)."""
+    valid, e, keep = kept_weights(logits, temperature, top_k, top_p, min_p, min_p_last)
+    return finished_rows(e, keep, kept_mass(e, keep), greedy_rows(logits, valid), temperature,
+                         top_k, top_p, min_p)
+
+
+def kept_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False):
+    """Steps 1 and 3-6 for rows (R, V): (valid logits, float32 weights e, the kept tokens), each
+    (R, V)."""
     valid, e = weights(logits, temperature)
     at_least_min_p = e >= min_p.float()[:, None]
     keep = valid if min_p_last else valid & at_least_min_p
@@ -118,8 +127,7 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     keep &= e >= top_p_threshold(e, keep, top_p)
     if min_p_last:
         keep &= at_least_min_p
-    return finished_rows(e, keep, kept_mass(e, keep), greedy_rows(logits, valid), temperature,
-                         top_k, top_p, min_p)
+    return valid, e, keep
 
 
 def finished_rows(e, keep, mass, greedy, temperature, top_k, top_p, min_p) -> torch.Tensor:

@@ -1,0 +1,34 @@
+"""The CPU backend of the logprobs op: the rule's kept tokens (``core/logits/cpu.py``'s
+``kept_weights``, each step on the rows that need it), then each wanted token's logprob from its
+logit and its row's quantities (``tokens.py``), not the reference's whole float64 rows."""
+
+from __future__ import annotations
+
+import torch
+
+from ..logits import cpu, rule
+from ..ops.backends import in_inference_mode
+from .tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, token_logprobs
+
+
+@in_inference_mode
+def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+                       processing_order="vllm"):
+    """``reference.token_logprobs_reference``'s outputs."""
+    batch, positions, vocab = logits.shape
+    params = [rule.per_row(value, batch, positions) for value in (temperature, top_k, top_p,
+                                                                  min_p)]
+    rows = logits.reshape(batch * positions, vocab)
+    valid, e, keep = cpu.kept_weights(rows, *params, rule.ORDERS[processing_order])
+    x = torch.where(valid, rows.float(), -torch.inf)
+    peak = x.amax(dim=-1, keepdim=True)
+    index = x.argmax(dim=-1, keepdim=True)  # the first index of the largest
+    t = params[0][:, None]
+    mode = torch.where(t == 0, GREEDY, SAMPLED)
+    mode = torch.where(rule.out_of_range(*params)[:, None] | (peak == -torch.inf), NO_MASS, mode)
+    facts = RowFacts(mode, peak, rule.LOG2E / t.float(), rule.kept_mass(e, keep).log()[:, None],
+                     index)
+    ranked = torch.where(keep, x, -torch.inf) if num_top else x
+    result = token_logprobs(rows, facts, token_ids, num_top,
+                            lambda ids, _: keep.gather(1, ids), ranked)
+    return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)

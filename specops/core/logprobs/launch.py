@@ -1,0 +1,36 @@
+"""The Triton launcher of the logprobs op: every row's statistics (``core/logits/launch.py``, the
+kernel the verifiers read logits through), then each wanted token's logprob from its logit and
+its row's statistics (``tokens.py``): no processed row is written.
+
+A sampled row's statistics hold m, c, the keep limit L and r = 1 / W (core/logits/triton.py): a
+token x is kept where the bits of m - x, read unsigned, are below L; log(W) is -log(r), the
+reference's up to r's float32 rounding."""
+
+from __future__ import annotations
+
+import torch
+
+from ..logits.launch import row_statistics
+from ..logits.rule import ORDERS
+from .tokens import RowFacts, token_logprobs
+
+
+def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+                          processing_order="vllm"):
+    """``reference.token_logprobs_reference``'s outputs, from the rows' statistics."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
+    batch, positions, vocab = logits.shape
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p,
+                           min_p_last=ORDERS[processing_order])
+    mode, peak, coef, limit, scale, index = (column[:, None] for column in stats.unbind(-1))
+    facts = RowFacts(mode.int(), peak.float(), coef.float(), -scale.float().double().log(),
+                     index.long())
+
+    def kept(ids, x):
+        return ((peak.float() - x).view(torch.int32).long() & 0xFFFFFFFF) < limit
+
+    rows = logits.reshape(batch * positions, vocab)
+    x = rows.float()
+    ranked = torch.where(torch.isfinite(x), x, -torch.inf) if num_top else x
+    result = token_logprobs(rows, facts, token_ids, num_top, kept, ranked)
+    return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)

@@ -1,0 +1,72 @@
+"""``torch.ops.specops.token_logprobs``: the log-probabilities of tokens of rows of logits under
+each request's sampling parameters, and the most likely tokens (docs/semantics.md,
+"Logprobs"), registered as a torch op. The public verifiers call it after the verification op
+when a caller asks for logprobs (``outputs.py``, and each layout's ``logprobs.py``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..logits import adjustments as step
+from ..logits import parameters as params
+from ..ops.checks import device_error, dtype_error, require_tensor, shape
+from ..ops.registry import Backends, imported_on_first_use, register_op
+from .cpu import token_logprobs_cpu
+from .rule import token_logprobs_reference
+
+LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ID_DTYPES = (torch.int32, torch.int64)
+SCHEMA = ("(Tensor logits, Tensor token_ids, Tensor temperature, Tensor top_k, Tensor top_p, "
+          'Tensor min_p, int num_top=0, str processing_order="vllm") -> (Tensor, Tensor, Tensor)')
+
+
+def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+          processing_order="vllm") -> None:
+    """Shapes, dtypes and devices: logits (B, P, V), token_ids (B, P), the parameters 1 or B
+    values, num_top in [0, V]; errors name the argument."""
+    require_tensor("logits", logits)
+    if logits.dim() != 3 or logits.shape[-1] < 1:
+        raise ValueError("logits must have shape (batch_size, positions, vocab_size) with "
+                         f"vocab_size >= 1; got {shape(logits)}")
+    if logits.dtype not in LOGITS_DTYPES:
+        raise dtype_error("logits", logits, LOGITS_DTYPES)
+    require_tensor("token_ids", token_ids)
+    if tuple(token_ids.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"token_ids must have shape (batch_size, positions) = "
+                         f"{tuple(logits.shape[:2])} to match logits {shape(logits)}; got "
+                         f"{shape(token_ids)}")
+    if token_ids.dtype not in ID_DTYPES:
+        raise dtype_error("token_ids", token_ids, ID_DTYPES)
+    if token_ids.device != logits.device:
+        raise device_error("token_ids", token_ids, logits.device, "logits")
+    params.check_parameters(params.named(temperature, top_k, top_p, min_p), logits.shape[0],
+                            logits.device, "logits")
+    check_num_top("num_top", num_top, logits.shape[-1])
+    step.check_order(processing_order)
+
+
+def check_num_top(name: str, num_top, vocab: int) -> None:
+    """The number of most likely tokens asked for: an int in [0, V]."""
+    if isinstance(num_top, bool) or not isinstance(num_top, int) or not 0 <= num_top <= vocab:
+        raise ValueError(f"{name} must be an int in [0, vocab_size = {vocab}]; got {num_top!r}")
+
+
+def check_values(logits, token_ids, temperature, top_k, top_p, min_p, *rest) -> None:
+    """SPECOPS_VALIDATE=1: parameters out of range."""
+    params.check_parameter_values(params.named(temperature, top_k, top_p, min_p))
+
+
+def outputs(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0, *rest):
+    """(logprobs (B, P) float32, top ids (B, P, num_top) int32, their logprobs float32), empty."""
+    batch, positions, _ = logits.shape
+    return (logits.new_empty((batch, positions), dtype=torch.float32),
+            logits.new_empty((batch, positions, num_top), dtype=torch.int32),
+            logits.new_empty((batch, positions, num_top), dtype=torch.float32))
+
+
+token_logprobs_op = register_op(
+    "specops::token_logprobs", SCHEMA, check=check, check_values=check_values, outputs=outputs,
+    backends=Backends(reference=token_logprobs_reference, cpu=token_logprobs_cpu,
+                      triton=imported_on_first_use(f"{__package__}.launch",
+                                                   "token_logprobs_triton")),
+)

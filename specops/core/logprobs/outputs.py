@@ -1,0 +1,57 @@
+"""What the public verifiers from logits add to their outputs when a caller asks for logprobs
+(docs/api.md, "Logprobs"): each layout's output tokens mapped to the rows of logits they were
+drawn from, then the logprobs op on those rows (``op.py``), after the verification op.
+
+``logprobs="processed"`` reads the rows as verification does (rule step 0 applied: grammar mask,
+logit bias, penalties; then each request's parameters); ``"raw"`` the logits as given, at
+temperature 1 and nothing truncated: their ``log_softmax``."""
+
+from __future__ import annotations
+
+import torch
+
+from .op import check_num_top, token_logprobs_op
+
+MODES = ("processed", "raw")
+
+
+def check_request(logprobs, num_top_logprobs, vocab: int) -> None:
+    """The public functions' ``logprobs`` and ``num_top_logprobs`` arguments."""
+    if logprobs is not None and logprobs not in MODES:
+        raise ValueError(f'logprobs must be "processed", "raw" or None; got {logprobs!r}')
+    check_num_top("num_top_logprobs", num_top_logprobs, vocab)
+    if num_top_logprobs and logprobs is None:
+        raise ValueError('num_top_logprobs needs logprobs="processed" or "raw" (the '
+                         "distribution the top tokens are ranked by)")
+
+
+def _raw_parameters(device: torch.device) -> tuple:
+    """Temperature 1, nothing truncated: the rows' softmax."""
+    return (torch.ones(1, device=device), torch.zeros(1, dtype=torch.int64, device=device),
+            torch.ones(1, device=device), torch.zeros(1, device=device))
+
+
+def run(mode, num_top, logits, token_ids, parameters, order) -> tuple:
+    """The op on requests' rows (B, P, V) and their tokens (B, P): (logprobs,), or with num_top
+    (logprobs, top ids, top logprobs)."""
+    if mode == "raw":
+        parameters, order = _raw_parameters(logits.device), "vllm"
+    result = token_logprobs_op(logits, token_ids, *parameters, num_top, order)
+    return result if num_top else result[:1]
+
+
+def gathered(result, source, has, per_request=False) -> tuple:
+    """The op's per-row results, read at each output position's row ``source`` (B, P): rows of
+    one request (per_request: (B, rows, ...)) or of all (rows, 1, ...); -inf and -1 where the
+    position has no token."""
+    out = []
+    for value in result:
+        if per_request:
+            index = source.view(*source.shape, *([1] * (value.dim() - 2)))
+            taken = value.gather(1, index.expand(*source.shape, *value.shape[2:]))
+        else:
+            taken = value[:, 0][source]
+        empty = -1 if value.dtype == torch.int32 else -torch.inf
+        mask = has.view(*has.shape, *([1] * (taken.dim() - 2)))
+        out.append(torch.where(mask, taken, empty))
+    return tuple(out)

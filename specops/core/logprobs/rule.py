@@ -1,0 +1,70 @@
+"""The log-probabilities of tokens under the distributions verification from logits samples:
+the plain reference (docs/semantics.md, "Logprobs").
+
+A sampled row's processed distribution gives a kept token p = e / W (core/logits/rule.py: e its
+weight, W the kept mass). Its logprob is log(e) - log(W), with log(e) taken as (x - m) c ln 2,
+the exponent before exp2 rounds it: a token whose weight underflows float32 keeps the finite
+value ``log_softmax`` gives. A token not kept gets -inf; a greedy row (T == 0) is one-hot: 0 at
+its token, -inf elsewhere; a row without mass is -inf throughout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..logits import rule
+
+LN2 = math.log(2.0)
+
+
+def logprob_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+                 ) -> torch.Tensor:
+    """float32 (R, V): the log-probabilities of rows of logits (R, V) under each row's parameters
+    (R,), as ``rule.processed_rows`` processes them."""
+    valid, e, keep = rule.kept_weights(logits, temperature, top_k, top_p, min_p, min_p_last)
+    x = torch.where(valid, logits.float(), -torch.inf)
+    peak = x.amax(dim=-1, keepdim=True)
+    c = (rule.LOG2E / temperature.float())[:, None]  # as rule.weights has it
+    log_e = ((x - peak) * c).double() * LN2
+    sampled = torch.where(keep, log_e - rule.kept_mass(e, keep).log()[:, None], -torch.inf)
+    greedy = torch.where(rule.greedy_rows(logits, valid) > 0, 0.0, -torch.inf).double()
+    rows = torch.where((temperature == 0)[:, None], greedy, sampled)
+    no_mass = rule.out_of_range(temperature, top_k, top_p, min_p)[:, None]
+    return torch.where(no_mass, -torch.inf, rows).float()
+
+
+def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
+    """From log-probability rows (R, V) and each row's token (R,) (an id outside [0, V): none):
+    (the token's logprob (R,), the num_top most likely ids (R, num_top) int32 and their logprobs);
+    -inf for a row without a token, and -1 with -inf where fewer than num_top tokens have
+    probability (a row without a token has none)."""
+    vocab = rows.shape[-1]
+    ids = token_ids.long()
+    inside = (ids >= 0) & (ids < vocab)
+    at = rows.gather(1, ids.clamp(0, max(vocab - 1, 0))[:, None])[:, 0]
+    logprobs = torch.where(inside, at, -torch.inf)
+    values, top_ids = rows.topk(num_top, dim=-1)
+    has = (values > -torch.inf) & inside[:, None]
+    return (logprobs, torch.where(has, top_ids, -1).int(),
+            torch.where(has, values, -torch.inf))
+
+
+def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
+                             temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                             min_p: torch.Tensor, num_top: int = 0,
+                             processing_order: str = "vllm"):
+    """The registered op's rule: the logprob of token_ids (B, P) at each of the requests' rows
+    of logits (B, P, V), each request's parameters (1 or B values) on every row of it, and the
+    num_top most likely tokens: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top)
+    float32)."""
+    batch, positions, vocab = logits.shape
+    rows = logprob_rows(logits.reshape(batch * positions, vocab),
+                        *(rule.per_row(value, batch, positions)
+                          for value in (temperature, top_k, top_p, min_p)),
+                        min_p_last=rule.ORDERS[processing_order])
+    logprobs, top_ids, top_logprobs = selected(rows, token_ids.reshape(-1), num_top)
+    return (logprobs.view(batch, positions), top_ids.view(batch, positions, num_top),
+            top_logprobs.view(batch, positions, num_top))

@@ -1,0 +1,60 @@
+"""Each wanted token's logprob from its logit and its row's quantities, by torch operations on
+(R, K) values: what the CPU backend and the Triton launcher share (the reference computes whole
+rows instead, ``reference.py``). No processed row is written."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from .rule import LN2
+
+NO_MASS, SAMPLED, GREEDY = 0, 1, 2  # as core/sampling/values_triton.py's modes
+
+
+class RowFacts(NamedTuple):
+    """What a row's logprobs need, each (R, 1): its mode, its largest valid logit m (float32),
+    c = log2(e) / T (float32), log(W) (float64; W the kept mass) and a greedy row's token."""
+
+    mode: torch.Tensor
+    peak: torch.Tensor
+    coef: torch.Tensor
+    log_mass: torch.Tensor
+    index: torch.Tensor
+
+
+def at_tokens(rows: torch.Tensor, facts: RowFacts, ids: torch.Tensor,
+              kept: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """float32 (R, K): the logprobs of tokens ids (R, K) of rows of logits (R, V); ``kept``
+    (clamped ids, their float32 logits) says which the rule keeps. -inf for an id outside
+    [0, V)."""
+    vocab = rows.shape[-1]
+    inside = (ids >= 0) & (ids < vocab)
+    clamped = ids.clamp(0, vocab - 1)
+    x = rows.gather(1, clamped).float()
+    log_e = ((x - facts.peak) * facts.coef).double() * LN2
+    sampled = torch.where(kept(clamped, x), log_e - facts.log_mass, -torch.inf)
+    greedy = torch.where(ids == facts.index, 0.0, -torch.inf).double()
+    values = torch.where(facts.mode == SAMPLED, sampled,
+                         torch.where(facts.mode == GREEDY, greedy, -torch.inf))
+    return torch.where(inside, values, -torch.inf).float()
+
+
+def token_logprobs(rows, facts: RowFacts, token_ids, num_top: int, kept, ranked):
+    """(logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top)) of rows of logits
+    (R, V) and their tokens (R,). ``ranked``: (R, V) float32 whose num_top largest are each row's
+    most likely tokens (the kept logits come first: a row keeps its largest logits, the weights
+    growing with the logit)."""
+    ids = token_ids.reshape(-1, 1).long()
+    logprobs = at_tokens(rows, facts, ids, kept)[:, 0]
+    top = ranked.topk(num_top, dim=-1).indices
+    top_logprobs = at_tokens(rows, facts, top, kept)
+    # A greedy row's one token is its own index, whichever of equal logits topk chose.
+    first = torch.arange(num_top, device=rows.device) == 0
+    greedy = facts.mode == GREEDY
+    top = torch.where(greedy & first, facts.index, top)
+    top_logprobs = torch.where(greedy, torch.where(first, 0.0, -torch.inf), top_logprobs)
+    has = (top_logprobs > -torch.inf) & (ids >= 0) & (ids < rows.shape[-1])  # no token: none
+    return (logprobs, torch.where(has, top, -1).int(),
+            torch.where(has, top_logprobs, -torch.inf))

@@ -1,0 +1,30 @@
+"""What a tree's verifier from logits adds to its outputs when a caller asks for logprobs
+(docs/api.md, "Logprobs"): each output position's token under the row of the node it was drawn
+at."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.logits.rule import Step
+from ..core.logprobs.outputs import gathered, run
+from .processed import tree_generated
+
+
+def tree_logprobs(mode, num_top: int, target_logits, draft_token_ids, parents, output,
+                  output_node_ids, parameters, step: Step, order: str) -> tuple:
+    """A tree's (B, M + 1) outputs' logprobs: position 0's token under the root's row, position
+    j's under the row of the j-th accepted node."""
+    if mode is None:
+        return ()
+    if mode == "processed":
+        target_logits = step.adjusted(
+            target_logits, lambda counts: tree_generated(counts, draft_token_ids, parents))
+    nodes = target_logits.shape[1]
+    source = torch.cat([torch.zeros_like(output_node_ids[:, :1]), output_node_ids],
+                       dim=1).long().clamp(0, nodes - 1)  # (B, M + 1): each position's row
+    has = output >= 0
+    slot = torch.where(has, source, nodes)  # nodes: a spare column for the padding
+    tokens = output.new_full((output.shape[0], nodes + 1), -1).scatter(1, slot, output)
+    result = run(mode, num_top, target_logits, tokens[:, :nodes], parameters, order)
+    return gathered(result, source, has, per_request=True)
