@@ -39,15 +39,16 @@ def make_world(seed: int, scale: float = 1.5):
     return target, draft
 
 
-def process(logits: torch.Tensor, params: dict) -> torch.Tensor:
-    """The processed rows (positions, V) float64, every row with the same parameters."""
+def process(logits: torch.Tensor, params: dict, min_p_last: bool = False) -> torch.Tensor:
+    """The processed rows (positions, V) float64, every row with the same parameters (in
+    transformers' order where ``min_p_last``)."""
     rows = logits.shape[0]
     full = {name: torch.full((rows,), params.get(name, off), dtype=dtype)
             for name, (dtype, off) in (("temperature", (torch.float32, 1.0)),
                                        ("top_k", (torch.int64, 0)),
                                        ("top_p", (torch.float32, 1.0)),
                                        ("min_p", (torch.float32, 0.0)))}
-    return processing.processed_rows(logits, **full).double()
+    return processing.processed_rows(logits, **full, min_p_last=min_p_last).double()
 
 
 def draw(rows: torch.Tensor, generator) -> torch.Tensor:
@@ -205,17 +206,22 @@ def penalized_by_hand(row: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
             - PENALTIES["presence_penalty"] * (counts > 0).double())
 
 
-def expected_with_penalties(target: torch.Tensor, params: dict) -> torch.Tensor:
+def expected_with_penalties(target: torch.Tensor, params: dict, bias=None, allowed=None,
+                            min_p_last=False) -> torch.Tensor:
     """The joint distribution (V ** LENGTH,) of the first LENGTH tokens (index tok_0 + V tok_1
-    + ...), each position's row processed after the tokens before it are counted."""
+    + ...), each position's row processed after the tokens before it are counted (and, where
+    given, masked by ``allowed`` and biased first)."""
     expected = torch.ones(1, dtype=torch.float64)
     histories = [torch.zeros(0, dtype=torch.long)]  # the prefixes, in index order
     for t in range(LENGTH):
         rows = []
         for prefix in histories:
             counts = BASE_COUNTS + torch.bincount(prefix, minlength=VOCAB)
-            rows.append(process(penalized_by_hand(target[t].double(), counts)[None].float(),
-                                params)[0])
+            row = target[t].double()
+            if bias is not None:
+                row = torch.where(allowed[t], row + bias.double(), -torch.inf)
+            rows.append(process(penalized_by_hand(row, counts)[None].float(), params,
+                                min_p_last)[0])
         step = torch.stack(rows) * expected[:, None]  # (prefixes, V): prefix then token
         expected = step.T.reshape(-1)  # index prefix + V**t token
         histories = [torch.cat([prefix, torch.tensor([v])]) for v in range(VOCAB)
@@ -223,13 +229,17 @@ def expected_with_penalties(target: torch.Tensor, params: dict) -> torch.Tensor:
     return expected
 
 
-def decode_with_penalties(target, draft, params, verification, seed, count_drafts=True):
+def decode_with_penalties(target, draft, params, verification, seed, count_drafts=True,
+                          bias=None, allowed=None, draft_params=None, order="vllm"):
     """decode's loop with each sequence's own output counts; count_drafts=False is broken on
-    purpose: every row penalised by the output alone, the drafts before it not counted."""
+    purpose: every row penalised by the output alone, the drafts before it not counted. Where
+    given, every request's bias and each position's mask, the drafter's own parameters, and the
+    processing order go to the op too."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.full((SEQUENCES, LENGTH + NUM_DRAFT + 1), -1, dtype=torch.int64)
     length = torch.zeros(SEQUENCES, dtype=torch.int64)
-    draft_rows = process(draft, params)
+    draft_rows = process(draft, draft_params or params, order == "transformers")
+    extra = {f"draft_{name}": value for name, value in (draft_params or {}).items()}
     step = 0
     while bool((length < LENGTH).any()):
         active = (length < LENGTH).nonzero().squeeze(1)
@@ -240,12 +250,17 @@ def decode_with_penalties(target, draft, params, verification, seed, count_draft
         counts = BASE_COUNTS + torch.nn.functional.one_hot(done, VOCAB + 1)[..., :VOCAB].sum(1)
         kwargs = dict(seed=torch.tensor([2000 + seed * 100 + step]), offset=torch.tensor([step]),
                       verification=verification, draft_logits=draft[at[:, :NUM_DRAFT]],
-                      **params)
+                      processing_order=order, **params, **extra)
         rows = target[at]
         if count_drafts:
             kwargs.update(PENALTIES, output_token_counts=counts,
                           prompt_token_mask=PROMPT.expand(active.numel(), -1))
-        else:
+            if bias is not None:
+                kwargs.update(logit_bias=bias.expand(active.numel(), -1),
+                              allowed_token_bitmask=packed_bitmask(allowed[at]))
+        else:  # step 0 by hand, each row with the output's counts only
+            if bias is not None:
+                rows = torch.where(allowed[at], rows + bias, -torch.inf)
             rows = torch.stack([torch.stack([penalized_by_hand(row.double(), c).float()
                                              for row in request])
                                 for request, c in zip(rows, counts)])
@@ -273,6 +288,28 @@ def test_sequences_follow_the_penalised_target(verification):
     index = (broken * VOCAB ** torch.arange(LENGTH)).sum(1)
     assert worlds.chi2_pvalue(torch.bincount(index, minlength=VOCAB**LENGTH), expected) < \
         P_THRESHOLD
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sequences_follow_the_target_with_every_feature_at_once(verification):
+    # Mask, bias and penalties (the drafts counted), then temperature, top-k and min-p in
+    # transformers' order, the drafter sampling with its own temperature: the whole sampling
+    # step at once. The same call with the drafts not counted must fail.
+    params = dict(temperature=0.9, top_k=5, min_p=0.05)
+    target, draft = make_world(seed=13, scale=1.0)
+    draft = target + 0.3 * (draft - target)  # drafts that often agree, so they repeat
+    bias, allowed = mask_world(seed=16)
+    bias = 0.5 * bias
+    allowed[:, target[0].topk(3).indices] = True  # the likely tokens stay, to be repeated
+    features = dict(bias=bias, allowed=allowed, draft_params=dict(params, temperature=0.7),
+                    order="transformers")
+    expected = expected_with_penalties(target, params, bias, allowed, min_p_last=True)
+    for count_drafts in (True, False):
+        tokens = decode_with_penalties(target, draft, params, verification, seed=17,
+                                       count_drafts=count_drafts, **features)
+        index = (tokens * VOCAB ** torch.arange(LENGTH)).sum(1)
+        p = worlds.chi2_pvalue(torch.bincount(index, minlength=VOCAB**LENGTH), expected)
+        assert p > P_THRESHOLD if count_drafts else p < P_THRESHOLD
 
 
 @pytest.mark.parametrize("verification", ["token", "block"])
