@@ -1,7 +1,7 @@
 """The cost of each part of the sampling step inside verification from logits: the call with
 none of them against the same call with the draft's own parameters, a logit bias, a grammar mask,
-the penalties, all of them, and the logprobs of the output tokens (raw, processed, with the top
-5), side by side in one run.
+the penalties, all of them, the logprobs of the output tokens (raw, processed, with the top 5),
+and the lossy acceptance rules (token verification's place), side by side in one run.
 
     python benchmarks/sampling_step.py                     # CPU: B = 8, N = 4, V = 32000
     python benchmarks/sampling_step.py --device cuda --batch 64 --vocab 128256
@@ -60,7 +60,11 @@ def variants(step: dict) -> dict:
             "penalties": step["penalties"], "all of them": everything,
             "raw logprobs": dict(logprobs="raw"),
             "processed logprobs": dict(logprobs="processed"),
-            "processed logprobs, top 5": dict(logprobs="processed", num_top_logprobs=5)}
+            "processed logprobs, top 5": dict(logprobs="processed", num_top_logprobs=5),
+            "typical acceptance": dict(acceptance="typical"),
+            "acceptance rate 0.7": dict(acceptance_rate=0.7)}
+
+LOSSY = ("typical acceptance", "acceptance rate 0.7")  # token rule only: block refuses them
 
 
 def main(argv=None) -> None:
@@ -87,6 +91,8 @@ def main(argv=None) -> None:
     for verification in args.verification:
         plain = None
         for name, extra in variants(step).items():
+            if verification == "block" and name in LOSSY:
+                continue
             def call(i, extra=extra):
                 return specops.chain_speculative_sampling_from_logits(
                     None, ids, target, draft_logits=draft, temperature=0.9, min_p=0.02,

@@ -24,6 +24,7 @@ from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .chain.logprobs import chain_logprobs
+from .chain.lossy import check_lossy, lossy_chain
 from .core.logprobs.outputs import check_request as check_logprobs_request
 from .tree.logprobs import tree_logprobs
 from .tree import arguments as _tree_arguments, from_logits as _tree_from_logits
@@ -140,6 +141,10 @@ def chain_speculative_sampling_from_logits(
     processing_order: str = "vllm",
     logprobs: Optional[str] = None,
     num_top_logprobs: int = 0,
+    acceptance: str = "exact",
+    posterior_threshold: Optional[float] = None,
+    posterior_alpha: Optional[float] = None,
+    acceptance_rate: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -186,6 +191,13 @@ def chain_speculative_sampling_from_logits(
             as given) or None (docs/api.md, "Logprobs").
         num_top_logprobs: k in [0, V]: with logprobs, the k most likely tokens of each position
             and their logprobs too, as OpenAI's ``top_logprobs``.
+        acceptance: "exact" (the default: the tokens follow the target's distribution) or
+            "typical": Medusa's typical acceptance, LOSSY (docs/semantics.md, "Lossy
+            acceptance"): a draft is kept where its probability exceeds
+            min(posterior_threshold, posterior_alpha * exp(-entropy)) (None: 0.09 and 0.3, vLLM's
+            defaults), the argmax emitted after the first draft not kept.
+        acceptance_rate: a number in [0, 1]: LOSSY, for benchmarking an engine: each draft kept
+            with this probability whatever the distributions.
         generator, seed, offset, verification: as in ``chain_speculative_sampling``.
 
     Returns:
@@ -208,11 +220,19 @@ def chain_speculative_sampling_from_logits(
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                            emitted, seed_t, offset_t, parameters, LOGITS_NAMES, adjustments)
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
+    lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
+                        verification)
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
-    output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
-                      emitted, seed_t, offset_t, *parameters.values(), *adjustments,
-                      processing_order)
+    if lossy:
+        output = lossy_chain(verifier, draft_token_ids, target_logits, accepted, emitted, seed_t,
+                             offset_t, list(parameters.values())[:4], adjustments,
+                             processing_order, posterior_threshold, posterior_alpha,
+                             acceptance_rate)
+    else:
+        output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
+                          emitted, seed_t, offset_t, *parameters.values(), *adjustments,
+                          processing_order)
     return (output, accepted, emitted) + chain_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, output,
         list(parameters.values())[:4], adjustments, processing_order)

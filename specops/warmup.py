@@ -49,7 +49,9 @@ def warmup(
     draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
     with a logit bias, a grammar mask or a penalty the kernels read float32 copies of the rows, so
-    include ``torch.float32``), False for ``chain_speculative_sampling``.  For "tree",
+    include ``torch.float32``; logprobs and typical acceptance's entropy pass are loaded with
+    them, and lossy acceptance draws its last token through the chain of no drafts: include 0 in
+    ``num_draft``), False for ``chain_speculative_sampling``.  For "tree",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
@@ -126,6 +128,10 @@ def warmup(
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs, **layout)
                 count += 1
+        if True in from_logits:  # typical acceptance's entropy pass (logprobs: the statistics)
+            from .core.logprobs.launch import row_entropy_triton
+            for dt in dtypes:
+                row_entropy_triton(torch.zeros(1, 1, vocab, dtype=dt, device=device), *parameters)
         if "tree" in modes:  # no counters; parents of their own dtype; at least one node
             for logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
                     from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,

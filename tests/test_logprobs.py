@@ -12,9 +12,10 @@ import torch
 import specops
 import specops.varlen
 from specops.core.logits import rule
-from specops.core.logprobs.launch import token_logprobs_triton
-from specops.core.logprobs.op import token_logprobs_op
-from specops.core.logprobs.rule import logprob_rows, token_logprobs_reference
+from specops.core.logprobs.launch import row_entropy_triton, token_logprobs_triton
+from specops.core.logprobs.op import row_entropy_op, token_logprobs_op
+from specops.core.logprobs.rule import (logprob_rows, row_entropy_reference,
+                                       token_logprobs_reference)
 
 B, N, V = 4, 3, 70
 PARAMETERS = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.2]), top_k=torch.tensor([0, 0, 5, 0]),
@@ -109,6 +110,30 @@ def test_triton_path_matches_the_reference(order):
     assert_close_logprobs(got[0], want[0].double())
     assert torch.equal(got[1], want[1])
     assert_close_logprobs(got[2], want[2].double())
+
+
+def entropy_by_hand(logits, params, min_p_last=False):
+    p = rule.processed_rows(logits, *params, min_p_last=min_p_last).double()
+    return -torch.where(p > 0, p * p.log(), 0.0).sum(-1)
+
+
+@pytest.mark.parametrize("order", ["vllm", "transformers"])
+def test_the_entropy_op_gives_each_processed_rows_entropy(order):
+    logits, params = rows_inputs(seed=7)
+    logits[3] = -torch.inf  # no mass: 0, as a greedy row's
+    got = row_entropy_op(logits[:, None], *params, order)[:, 0]
+    want = entropy_by_hand(logits, params, order == "transformers")
+    assert (got.double() - want).abs().max() < 1e-5 and got[0] == 0 and got[3] == 0
+    reference = row_entropy_reference(logits[:, None], *params, order)[:, 0]
+    assert (got - reference).abs().max() < 1e-6
+
+
+@pytest.mark.interpreter
+def test_triton_entropy_matches_the_reference():
+    logits, params = rows_inputs(seed=8, rows=6, vocab=300)
+    logits[1, 7] = torch.nan
+    got = row_entropy_triton(logits[:, None], *params)[:, 0]
+    assert (got.double() - entropy_by_hand(logits, params)).abs().max() < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +278,7 @@ def test_opcheck():
     for num_top in (0, 3):
         torch.library.opcheck(token_logprobs_op, (logits.view(6, 2, V), ids, t[::2], k[::2],
                                                   p[::2], m[::2], num_top, "transformers"))
+    torch.library.opcheck(row_entropy_op, (logits.view(6, 2, V), t[::2], k[::2], p[::2], m[::2]))
 
 
 def test_compiled_equals_eager():

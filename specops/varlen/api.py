@@ -9,12 +9,15 @@ import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
 from ..chain.arguments import check_counters_apart
+from ..chain.lossy import check_lossy, lossy_chain
+from ..chain.token.op import chain_speculative_sampling_from_logits_op
 from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import require_tensor
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from ..core.logprobs.outputs import check_request
 from .arguments import Names, check_layout, check_logits_layout
+from .layout import Padded
 from .logprobs import varlen_logprobs
 from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
                  varlen_chain_block_speculative_sampling_op,
@@ -116,6 +119,10 @@ def chain_speculative_sampling_from_logits(
     processing_order: str = "vllm",
     logprobs: Optional[str] = None,
     num_top_logprobs: int = 0,
+    acceptance: str = "exact",
+    posterior_threshold: Optional[float] = None,
+    posterior_alpha: Optional[float] = None,
+    acceptance_rate: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -124,7 +131,8 @@ def chain_speculative_sampling_from_logits(
     """``specops.chain_speculative_sampling_from_logits`` on a flattened batch: the layout of
     ``chain_speculative_sampling`` above (``target_logits`` (T + B, V), ``draft_logits`` (T, V)),
     each request's sampling parameters (1 or B values) applied to its rows; request b gets exactly
-    the tokens, counts and logprobs (B, max + 1, where asked for) the padded function gives it."""
+    the tokens, counts and logprobs (B, max + 1, where asked for) the padded function gives it,
+    lossy acceptance included (which reads a padded copy of the rows)."""
     device, accepted, emitted = _opening(verification, target_logits, "target_logits",
                                          cu_num_draft_tokens, maybe_output_accepted_token_num,
                                          maybe_output_emitted_draft_token_num)
@@ -138,13 +146,26 @@ def chain_speculative_sampling_from_logits(
                         max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                         parameters, LOGITS_NAMES, adjustments)
     check_request(logprobs, num_top_logprobs, target_logits.shape[-1])
+    lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
+                        verification)
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
-    verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
-                else varlen_chain_block_speculative_sampling_from_logits_op)
-    output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
-                      max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
-                      *parameters.values(), *adjustments, processing_order)
+    if lossy:  # on the padded batch the layout stands for
+        padded = Padded(cu_num_draft_tokens, draft_token_ids.shape[0], max_num_draft_tokens)
+        mask = adjustments.allowed_token_bitmask
+        output = lossy_chain(
+            chain_speculative_sampling_from_logits_op, padded.ids(draft_token_ids),
+            padded.targets(target_logits), accepted, emitted, seed_t, offset_t,
+            list(parameters.values())[:4],
+            adjustments._replace(allowed_token_bitmask=None if mask is None
+                                 else padded.targets(mask)),
+            processing_order, posterior_threshold, posterior_alpha, acceptance_rate)
+    else:
+        verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
+                    else varlen_chain_block_speculative_sampling_from_logits_op)
+        output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
+                          max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
+                          *parameters.values(), *adjustments, processing_order)
     return (output, accepted, emitted) + varlen_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, cu_num_draft_tokens,
         max_num_draft_tokens, output, list(parameters.values())[:4], adjustments,

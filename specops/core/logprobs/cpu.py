@@ -8,6 +8,7 @@ import torch
 
 from ..logits import cpu, rule
 from ..ops.backends import in_inference_mode
+from .rule import LN2
 from .tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, token_logprobs
 
 
@@ -32,3 +33,22 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
     result = token_logprobs(rows, facts, token_ids, num_top,
                             lambda ids, _: keep.gather(1, ids), ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
+
+
+@in_inference_mode
+def row_entropy_cpu(logits, temperature, top_k, top_p, min_p, processing_order="vllm"):
+    """``rule.row_entropy_reference``: H = ln W - ln 2 * sum (e / W) t over the kept tokens, t =
+    (x - m) c the base-2 log of the weight e (a weight that underflows adds nothing)."""
+    batch, positions, vocab = logits.shape
+    params = [rule.per_row(value, batch, positions) for value in (temperature, top_k, top_p,
+                                                                  min_p)]
+    rows = logits.reshape(batch * positions, vocab)
+    valid, e, keep = cpu.kept_weights(rows, *params, rule.ORDERS[processing_order])
+    x = torch.where(valid, rows.float(), -torch.inf)
+    peak = x.amax(dim=-1, keepdim=True)
+    mass = rule.kept_mass(e, keep)
+    t = (x - peak) * (rule.LOG2E / params[0].float()[:, None])
+    weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
+    entropy = mass.log() - LN2 * weighted / mass
+    sampled = (params[0] > 0) & ~rule.out_of_range(*params) & (peak[:, 0] > -torch.inf)
+    return torch.where(sampled, entropy, 0.0).float().view(batch, positions)

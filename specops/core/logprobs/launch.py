@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from ..launch.launcher import TritonKernel, build_options
 from ..logits.launch import row_statistics
+from ..sampling.race import CHUNK_SIZE
+from .kernel import row_entropy_kernel
 from ..logits.rule import ORDERS
 from .tokens import RowFacts, token_logprobs
+
+ENTROPY = TritonKernel(row_entropy_kernel, **build_options(4))  # a row pass, as the samplers'
 
 
 def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
@@ -34,3 +39,19 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
     ranked = torch.where(torch.isfinite(x), x, -torch.inf) if num_top else x
     result = token_logprobs(rows, facts, token_ids, num_top, kept, ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
+
+
+def row_entropy_triton(logits, temperature, top_k, top_p, min_p, processing_order="vllm"):
+    """``rule.row_entropy_reference``'s (B, P) entropies: the rows' statistics, then one pass
+    over each row through them."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
+    batch, positions, vocab = logits.shape
+    out = torch.empty((batch, positions), dtype=torch.float32, device=logits.device)
+    if out.numel() == 0:
+        return out
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p,
+                           min_p_last=ORDERS[processing_order])
+    stride_b, stride_n, _ = logits.stride()
+    ENTROPY.fn[(batch * positions,)](logits, stats, out, positions, vocab, stride_b, stride_n,
+                                     CHUNK=CHUNK_SIZE, **ENTROPY.options)
+    return out

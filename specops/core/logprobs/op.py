@@ -1,7 +1,9 @@
 """``torch.ops.specops.token_logprobs``: the log-probabilities of tokens of rows of logits under
 each request's sampling parameters, and the most likely tokens (docs/semantics.md,
 "Logprobs"), registered as a torch op. The public verifiers call it after the verification op
-when a caller asks for logprobs (``outputs.py``, and each layout's ``logprobs.py``)."""
+when a caller asks for logprobs (``outputs.py``, and each layout's ``logprobs.py``).
+``torch.ops.specops.row_entropy``: the entropy of each row's processed distribution, which
+typical acceptance reads (chain/lossy.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from ..logits import adjustments as step
 from ..logits import parameters as params
 from ..ops.checks import device_error, dtype_error, require_tensor, shape
 from ..ops.registry import Backends, imported_on_first_use, register_op
-from .cpu import token_logprobs_cpu
-from .rule import token_logprobs_reference
+from .cpu import row_entropy_cpu, token_logprobs_cpu
+from .rule import row_entropy_reference, token_logprobs_reference
 
 LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ID_DTYPES = (torch.int32, torch.int64)
@@ -20,16 +22,24 @@ SCHEMA = ("(Tensor logits, Tensor token_ids, Tensor temperature, Tensor top_k, T
           'Tensor min_p, int num_top=0, str processing_order="vllm") -> (Tensor, Tensor, Tensor)')
 
 
-def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-          processing_order="vllm") -> None:
-    """Shapes, dtypes and devices: logits (B, P, V), token_ids (B, P), the parameters 1 or B
-    values, num_top in [0, V]; errors name the argument."""
+def check_rows(logits, temperature, top_k, top_p, min_p, processing_order="vllm") -> None:
+    """logits (B, P, V), the parameters 1 or B values on its device, the order; errors name the
+    argument."""
     require_tensor("logits", logits)
     if logits.dim() != 3 or logits.shape[-1] < 1:
         raise ValueError("logits must have shape (batch_size, positions, vocab_size) with "
                          f"vocab_size >= 1; got {shape(logits)}")
     if logits.dtype not in LOGITS_DTYPES:
         raise dtype_error("logits", logits, LOGITS_DTYPES)
+    params.check_parameters(params.named(temperature, top_k, top_p, min_p), logits.shape[0],
+                            logits.device, "logits")
+    step.check_order(processing_order)
+
+
+def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+          processing_order="vllm") -> None:
+    """``check_rows``, token_ids (B, P) and num_top in [0, V]."""
+    check_rows(logits, temperature, top_k, top_p, min_p, processing_order)
     require_tensor("token_ids", token_ids)
     if tuple(token_ids.shape) != tuple(logits.shape[:2]):
         raise ValueError(f"token_ids must have shape (batch_size, positions) = "
@@ -39,10 +49,7 @@ def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
         raise dtype_error("token_ids", token_ids, ID_DTYPES)
     if token_ids.device != logits.device:
         raise device_error("token_ids", token_ids, logits.device, "logits")
-    params.check_parameters(params.named(temperature, top_k, top_p, min_p), logits.shape[0],
-                            logits.device, "logits")
     check_num_top("num_top", num_top, logits.shape[-1])
-    step.check_order(processing_order)
 
 
 def check_num_top(name: str, num_top, vocab: int) -> None:
@@ -69,4 +76,17 @@ token_logprobs_op = register_op(
     backends=Backends(reference=token_logprobs_reference, cpu=token_logprobs_cpu,
                       triton=imported_on_first_use(f"{__package__}.launch",
                                                    "token_logprobs_triton")),
+)
+
+
+ENTROPY_SCHEMA = ("(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+                  'str processing_order="vllm") -> Tensor')
+
+
+row_entropy_op = register_op(
+    "specops::row_entropy", ENTROPY_SCHEMA, check=check_rows, check_values=check_values,
+    outputs=lambda logits, *rest: logits.new_empty(logits.shape[:2], dtype=torch.float32),
+    backends=Backends(reference=row_entropy_reference, cpu=row_entropy_cpu,
+                      triton=imported_on_first_use(f"{__package__}.launch",
+                                                   "row_entropy_triton")),
 )

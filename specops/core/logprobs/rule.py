@@ -24,6 +24,11 @@ def logprob_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
                  ) -> torch.Tensor:
     """float32 (R, V): the log-probabilities of rows of logits (R, V) under each row's parameters
     (R,), as ``rule.processed_rows`` processes them."""
+    return _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last).float()
+
+
+def _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last):
+    """``logprob_rows`` in float64."""
     valid, e, keep = rule.kept_weights(logits, temperature, top_k, top_p, min_p, min_p_last)
     x = torch.where(valid, logits.float(), -torch.inf)
     peak = x.amax(dim=-1, keepdim=True)
@@ -33,7 +38,17 @@ def logprob_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     greedy = torch.where(rule.greedy_rows(logits, valid) > 0, 0.0, -torch.inf).double()
     rows = torch.where((temperature == 0)[:, None], greedy, sampled)
     no_mass = rule.out_of_range(temperature, top_k, top_p, min_p)[:, None]
-    return torch.where(no_mass, -torch.inf, rows).float()
+    return torch.where(no_mass, -torch.inf, rows)
+
+
+def entropy_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
+                 ) -> torch.Tensor:
+    """float32 (R,): the entropy -sum p ln p (nats) of each row's processed distribution; 0 for
+    a greedy row (one-hot) and a row without mass."""
+    logprobs = _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last)
+    terms = torch.where(logprobs > -torch.inf, logprobs.exp() * logprobs, 0.0)
+    return (0.0 - terms.sum(dim=-1)).float()  # 0.0 - 0.0 is +0
 
 
 def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
@@ -68,3 +83,15 @@ def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
     logprobs, top_ids, top_logprobs = selected(rows, token_ids.reshape(-1), num_top)
     return (logprobs.view(batch, positions), top_ids.view(batch, positions, num_top),
             top_logprobs.view(batch, positions, num_top))
+
+
+def row_entropy_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                          top_p: torch.Tensor, min_p: torch.Tensor,
+                          processing_order: str = "vllm") -> torch.Tensor:
+    """The entropy op's rule: (B, P) float32, ``entropy_rows`` of the requests' rows (B, P, V),
+    each request's parameters (1 or B values) on every row of it."""
+    batch, positions, vocab = logits.shape
+    return entropy_rows(logits.reshape(batch * positions, vocab),
+                        *(rule.per_row(value, batch, positions)
+                          for value in (temperature, top_k, top_p, min_p)),
+                        min_p_last=rule.ORDERS[processing_order]).view(batch, positions)
