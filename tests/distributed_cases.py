@@ -209,6 +209,49 @@ def logits_cases(rank, layout, vocab, padded_to, group=None):
             verification=verification, vocab_start=start, vocab_size=vocab, group=group,
             **parameters)
         results[f"logits {verification} {source} {name}"] = (ours, single)
+    results.update(sampling_step_cases(start, end, draft, ids, target, draft_pad, target_pad,
+                                       vocab, padded_to, group))
+    return results
+
+
+def sampling_step_cases(start, end, draft, ids, target, draft_pad, target_pad, vocab, padded_to,
+                        group):
+    """The whole sampling step on shards: the grammar mask (the whole vocabulary's), a bias,
+    counts and a prompt mask (this rank's columns), the penalties counting the drafts, the
+    draft's own parameters, transformers' order; token and block verification."""
+    import specops
+    import specops.distributed as sd
+    from specops.core.logits.rule import packed_bitmask
+
+    g = torch.Generator().manual_seed(5)
+    batch, positions = target.shape[:2]
+    bias = torch.randn(batch, vocab, generator=g)
+    allowed = torch.rand(batch, positions, vocab, generator=g) < 0.7
+    allowed[..., 5] = True
+    counts = torch.randint(0, 3, (batch, vocab), generator=g) * (
+        torch.rand(batch, vocab, generator=g) < 0.05)
+    prompt = torch.rand(batch, vocab, generator=g) < 0.05
+    common = dict(temperature=torch.tensor([0.9, 0.0, 1.2, 0.7, 1.0, 0.8]), top_k=50,
+                  min_p=0.02, draft_temperature=0.7, draft_top_k=torch.tensor([20]),
+                  repetition_penalty=1.3, frequency_penalty=0.2,
+                  presence_penalty=torch.tensor([0.0, 0.5, 0.2, 0.1, 0.0, 0.3]),
+                  processing_order="transformers", allowed_token_bitmask=packed_bitmask(allowed),
+                  seed=torch.arange(batch))
+
+    def columns(t, value):  # this rank's columns of a (B, V) tensor, padded as the logits are
+        return torch.nn.functional.pad(t, (0, padded_to - vocab), value=value)[..., start:end]
+
+    results = {}
+    for verification in ("token", "block"):
+        single = specops.chain_speculative_sampling_from_logits(
+            None, ids, target, draft_logits=draft, logit_bias=bias, output_token_counts=counts,
+            prompt_token_mask=prompt, verification=verification, **common)
+        ours = sd.chain_speculative_sampling_from_logits(
+            None, ids, target_pad[..., start:end], draft_logits=draft_pad[..., start:end],
+            logit_bias=columns(bias, 0.0), output_token_counts=columns(counts, 0),
+            prompt_token_mask=columns(prompt, False), verification=verification,
+            vocab_start=start, vocab_size=vocab, group=group, **common)
+        results[f"logits {verification} the whole sampling step"] = (ours, single)
     return results
 
 
@@ -386,6 +429,19 @@ def other_values(rank, attempt, draft, ids, target, start):
             lambda: sd.chain_speculative_sampling_from_logits(
                 None, ids, target.log(), top_p=per_request_p, seed=0, verification="block",
                 vocab_start=start))
+    attempt("other draft_temperature, logits", lambda: sd.chain_speculative_sampling_from_logits(
+        None, ids, target.log(), draft_logits=draft.log(), draft_temperature=0.7 + 0.1 * rank,
+        seed=0, vocab_start=start))
+    counts = torch.zeros(ids.shape[0], target.shape[-1], dtype=torch.int64)
+    attempt("other repetition_penalty, logits",
+            lambda: sd.chain_speculative_sampling_from_logits(
+                None, ids, target.log(), repetition_penalty=1.2 + 0.1 * rank,
+                output_token_counts=counts, seed=0, vocab_start=start))
+    mask = torch.full((*target.shape[:2], (3000 + 31) // 32), -1, dtype=torch.int32)  # V = 3000
+    mask[0, 0, 0] -= rank  # token 0 banned on rank 1 only
+    attempt("other allowed_token_bitmask, logits",
+            lambda: sd.chain_speculative_sampling_from_logits(
+                None, ids, target.log(), allowed_token_bitmask=mask, seed=0, vocab_start=start))
     parameters = (dict(temperature=0.7, top_k=5) if rank == 0 else
                   dict(temperature=torch.tensor([0.7], dtype=torch.float64),
                        top_k=torch.tensor([5], dtype=torch.int32)))
@@ -449,6 +505,7 @@ def processed_rows(rank, layout, vocab):
     tensors), and the single-device rows: the same bit for bit on chunk-aligned shards; on
     shards that cut chunks the same tokens kept, the weights within a rounding."""
     from specops.chain.processed import processed_inputs
+    from specops.core.logits.rule import Step, packed_bitmask
     from specops.distributed import logits
 
     start, end = layout[rank]
@@ -457,10 +514,33 @@ def processed_rows(rank, layout, vocab):
     parameters = PARAMETER_SETS["all tensors"]
     values = [parameters[name] for name in ("temperature", "top_k", "top_p", "min_p")]
     shard = logits.Shard(start, end - start, vocab, dist.group.WORLD)
+    searches = logits.SEARCH_TOP_K | logits.SEARCH_TOP_P
     ours = logits.processed_inputs(shard, None, target[..., start:end], draft[..., start:end],
-                                   *values, logits.SEARCH_TOP_K | logits.SEARCH_TOP_P)
+                                   *values, searches)
     # The draft's parameters: the target's; no draft ids are read without penalties.
     single = processed_inputs(None, None, target, draft, values, (None,) * 4)
+    # The whole sampling step: a mask, a bias, penalties counting drafts of both shards (one
+    # repeated), the draft's own parameters, transformers' order.
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, vocab, (6, 2), generator=g)
+    ids[:, 1] = torch.where(torch.arange(6) % 2 == 0, ids[:, 0], vocab - 1 - ids[:, 0])
+    target = target.clone()  # the drafts among the largest logits of every row: kept, penalised
+    for column in (0, 1):
+        target.scatter_(2, ids[:, None, column].expand(6, 3)[..., None],
+                        target.amax(dim=-1, keepdim=True) + 0.5)
+    counts = torch.randint(0, 3, (6, vocab), generator=g) * (torch.rand(6, vocab, generator=g) < 0.1)
+    step = Step(logit_bias=torch.randn(6, vocab, generator=g),
+                allowed_token_bitmask=packed_bitmask(torch.rand(6, 3, vocab, generator=g) < 0.7),
+                repetition_penalty=torch.tensor([1.5]), frequency_penalty=torch.tensor([0.3]),
+                presence_penalty=torch.full((6,), 0.4), output_token_counts=counts,
+                prompt_token_mask=torch.rand(6, vocab, generator=g) < 0.1)
+    cut = step._replace(**{name: getattr(step, name)[..., start:end]
+                           for name in ("logit_bias", "output_token_counts", "prompt_token_mask")})
+    draft_own = (torch.tensor([0.6]), torch.tensor([30]), None, None)
+    ours += logits.processed_inputs(shard, None, target[..., start:end], draft[..., start:end],
+                                    *values, searches, draft_own, cut, ids, True)
+    single += processed_inputs(None, ids, target, draft, values, draft_own, step=step,
+                               min_p_last=True)
     return ours, tuple(t[..., start:end] for t in single)
 
 

@@ -67,8 +67,10 @@ def test_shards_that_split_chunks_keep_the_distribution(three, mode):
 
 
 def test_aligned_shards_process_logits_as_one_device_does(two):
-    """Every parameter at once (greedy rows, min-p, top-k, top-p): the rows bit for bit, so the
-    thresholds are the single-device ones."""
+    """Every parameter at once (greedy rows, min-p, top-k, top-p), then the whole sampling step
+    too (mask, bias, penalties counting drafts of both shards, the draft's own parameters,
+    transformers' order): the rows bit for bit, so the thresholds are the single-device ones."""
+    assert len(two[0]["processed"][0]) == 4
     for rank, result in enumerate(two):
         for ours, single in zip(*result["processed"]):
             assert torch.equal(ours, single), f"rank {rank}: processed rows differ"
@@ -158,6 +160,9 @@ def test_the_group_works_after_refusals(two):
     ("+1 -2 +1 ids, logits", "draft_token_ids"), ("other ids, logits block", "draft_token_ids"),
     ("other temperature, logits", "temperature"),
     ("other per-request top_p, logits block", "top_p"),
+    ("other draft_temperature, logits", "draft_temperature"),
+    ("other repetition_penalty, logits", "repetition_penalty"),
+    ("other allowed_token_bitmask, logits", "allowed_token_bitmask"),
 ])
 def test_ranks_given_other_seeds_offsets_or_draft_ids_raise_the_same_error(two, case, argument):
     """Otherwise every rank would return other tokens."""

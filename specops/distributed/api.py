@@ -21,8 +21,10 @@ from ..api import LOGITS_NAMES, PUBLIC_NAMES, VERIFICATIONS, Number, opening_che
 from ..chain.arguments import (PROB_DTYPES, check_arguments, check_counters_apart, check_values,
                                padded_rows_read)
 from ..chain.from_logits import check_logits_arguments, check_logits_values
-from ..core.ops.checks import check_masses, validation_enabled
+from ..core.ops.checks import check_masses, dtype_error, require_tensor, shape, validation_enabled
+from ..core.logits import adjustments as step_arguments
 from ..core.logits import parameters as params
+from ..core.logits.rule import ORDERS, Step
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, all_reduce, broadcast_from_first, exchange_layout,
                    refused_index, resolve_group)
@@ -134,25 +136,56 @@ def _check_whole_row_masses(arguments, layout: Layout, group) -> None:
 
 
 def _record(target, draft_kind, verification, seed, arguments, vocab_start, vocab_size,
-            searches=0):
+            searches=0, step_kinds=0, bitmask_words=0):
     """This rank's Record of a call whose local checks passed (its fingerprints are the layout
     exchange's to fill in)."""
     batch, positions, width = target.shape
     return Record(0, vocab_start, width, batch, positions - 1, vocab_size,
                   PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
                   int(seed is None), searches, arguments["seed"].numel(),
-                  arguments["offset"].numel(), int(validation_enabled()))
+                  arguments["offset"].numel(), int(validation_enabled()), step_kinds,
+                  bitmask_words)
 
 
-def _same(seed, offset, seed_t, offset_t, ids, parameters=None) -> tuple:
-    """The seed, offset, draft ids and (from logits) sampling parameters every rank must pass the
-    same (comm.SAME): the caller's, None where drawn (a draw differs by rank until the first
-    rank's is broadcast) or not taken. The offset of a given seed is the caller's or 0 on every
-    rank, so it is compared too."""
+def _same(seed, offset, seed_t, offset_t, ids, parameters=None, step: Step = Step()) -> tuple:
+    """The values every rank must pass the same (comm.SAME): seed, offset, draft ids and, from
+    logits, the sampling parameters (the draft's too), the penalties and the grammar mask; the
+    caller's, None where drawn (a draw differs by rank until the first rank's is broadcast) or
+    not given. The offset of a given seed is the caller's or 0 on every rank, so it is compared
+    too."""
     taken = parameters or {}
     return (None if seed is None else seed_t,
             None if seed is None and offset is None else offset_t, ids,
-            *(taken.get(name) for name in ("temperature", "top_k", "top_p", "min_p")))
+            *(taken.get(name) for name in (*params.SAMPLING, *params.DRAFT_PARAMETERS)),
+            *(getattr(step, name) for name in params.PENALTIES), step.allowed_token_bitmask)
+
+
+def _step_kinds(parameters: dict, step: Step, processing_order: str) -> int:
+    """Which of the sampling step's arguments a call gives, and its order, as bits: what every
+    rank must agree on before the values are compared."""
+    given = [getattr(step, name) is not None for name in Step._fields]
+    given += [parameters[name] is not None for name in params.DRAFT_PARAMETERS]
+    given.append(ORDERS[processing_order])
+    return sum(int(flag) << bit for bit, flag in enumerate(given))
+
+
+def _check_global_bitmask(bitmask, target, covered: int) -> int:
+    """A vocabulary-parallel call's grammar mask: the whole vocabulary's, the same on every rank,
+    (B, N + 1, W) int32 with its words covering this rank's columns [0, covered); its W."""
+    require_tensor("allowed_token_bitmask", bitmask)
+    batch, positions, _ = target.shape
+    if bitmask.dim() != 3 or tuple(bitmask.shape[:2]) != (batch, positions) or \
+            bitmask.shape[2] * 32 < covered:
+        raise ValueError(f"allowed_token_bitmask must have shape (batch_size, "
+                         f"num_speculate_tokens + 1, ceil(vocab_size / 32)) for the whole "
+                         f"vocabulary (the same on every rank), covering this rank's columns up "
+                         f"to {covered}; got {shape(bitmask)}")
+    if bitmask.dtype not in step_arguments.BITMASK_DTYPES:
+        raise dtype_error("allowed_token_bitmask", bitmask, step_arguments.BITMASK_DTYPES)
+    if bitmask.device != target.device:
+        raise ValueError(f"allowed_token_bitmask must be on the same device as target_logits "
+                         f"({target.device}); got {bitmask.device}")
+    return bitmask.shape[2]
 
 
 def _cut(tensor, width):
@@ -215,14 +248,16 @@ def chain_speculative_sampling(
     return _run(prepare, group, {}, finish)
 
 
-def _searches(top_k, top_p) -> int:
+def _searches(top_k, top_p, draft_top_k=None, draft_top_p=None) -> int:
     """Which threshold searches a call makes, from the arguments' kinds (host values only): a
     tensor may hold any value, a number that turns its step off needs none."""
     searches = 0
-    if isinstance(top_k, torch.Tensor) or (top_k is not None and top_k != 0):
-        searches |= SEARCH_TOP_K
-    if isinstance(top_p, torch.Tensor) or (top_p is not None and top_p != 1):
-        searches |= SEARCH_TOP_P
+    for value in (top_k, draft_top_k):
+        if isinstance(value, torch.Tensor) or (value is not None and value != 0):
+            searches |= SEARCH_TOP_K
+    for value in (top_p, draft_top_p):
+        if isinstance(value, torch.Tensor) or (value is not None and value != 1):
+            searches |= SEARCH_TOP_P
     return searches
 
 
@@ -238,6 +273,18 @@ def chain_speculative_sampling_from_logits(
     top_p: Number = None,
     min_p: Number = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_temperature: Number = None,
+    draft_top_k: Number = None,
+    draft_top_p: Number = None,
+    draft_min_p: Number = None,
+    logit_bias: Optional[torch.Tensor] = None,
+    allowed_token_bitmask: Optional[torch.Tensor] = None,
+    repetition_penalty: Number = None,
+    frequency_penalty: Number = None,
+    presence_penalty: Number = None,
+    output_token_counts: Optional[torch.Tensor] = None,
+    prompt_token_mask: Optional[torch.Tensor] = None,
+    processing_order: str = "vllm",
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -249,39 +296,72 @@ def chain_speculative_sampling_from_logits(
     """``specops.chain_speculative_sampling_from_logits`` on this rank's vocabulary shard:
     target_logits (B, N + 1, V_rank), and draft_logits or draft_probs (B, N, V_rank), as shards
     like ``chain_speculative_sampling``'s (vocab_start, vocab_size, group the same). The sampling
-    parameters are the same on every rank; top-k and top-p thresholds are found over all ranks.
+    parameters (the draft's too), the penalties, ``processing_order`` and
+    ``allowed_token_bitmask`` (the whole vocabulary's, (B, N + 1, ceil(V / 32))) are the same on
+    every rank; ``logit_bias``, ``output_token_counts`` and ``prompt_token_mask`` are this rank's
+    columns (B, V_rank), as the logits are. Top-k and top-p thresholds are found over all ranks.
     """
 
     def prepare(group):
         device, accepted, emitted, seed_t, offset_t = _opening(
             verification, target_logits, "target_logits", maybe_output_accepted_token_num,
             maybe_output_emitted_draft_token_num, seed, offset, generator, group)
-        parameters = {name: params.as_parameter(name, value, device)
-                      for name, value in (("temperature", temperature), ("top_k", top_k),
-                                          ("top_p", top_p), ("min_p", min_p))}
+        parameters = params.as_parameters(device, temperature, top_k, top_p, min_p,
+                                          draft_temperature, draft_top_k, draft_top_p,
+                                          draft_min_p)
+        step = step_arguments.as_step(device, logit_bias, allowed_token_bitmask,
+                                      repetition_penalty, frequency_penalty, presence_penalty,
+                                      output_token_counts, prompt_token_mask)
         check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
-                               accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES)
+                               accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES,
+                               step._replace(allowed_token_bitmask=None))
+        step_arguments.check_order(processing_order)
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
         start, size = _shard_arguments(vocab_start, vocab_size)
+        words = 0
+        if allowed_token_bitmask is not None:
+            width = _within(start, size)
+            covered = start + (target_logits.shape[-1] if width is None else
+                               min(width, target_logits.shape[-1]))
+            words = _check_global_bitmask(allowed_token_bitmask, target_logits, covered)
         if validation_enabled():
             width = _within(start, size)
             check_logits_values(_cut(draft_probs, width), draft_token_ids,
                                 _cut(target_logits, width), _cut(draft_logits, width), parameters,
-                                LOGITS_NAMES, vocab=_ANY_ID)
+                                LOGITS_NAMES, vocab=_ANY_ID, adjustments=_cut_step(step, width))
         arguments = dict(accepted=accepted, emitted=emitted, seed=seed_t, offset=offset_t,
-                         parameters=parameters, ids=draft_token_ids, names=LOGITS_NAMES.chain,
-                         probs=(None, draft_probs),
-                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids, parameters))
+                         parameters=parameters, step=step, ids=draft_token_ids,
+                         names=LOGITS_NAMES.chain, probs=(None, draft_probs),
+                         same=_same(seed, offset, seed_t, offset_t, draft_token_ids, parameters,
+                                    step))
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
-                                  start, size, _searches(top_k, top_p))
+                                  start, size, _searches(top_k, top_p, draft_top_k, draft_top_p),
+                                  _step_kinds(parameters, step, processing_order), words)
 
     def finish(shard, a):
+        step = _cut_step(a["step"], shard.width)
+        if step.allowed_token_bitmask is not None:  # the same W and V on every rank
+            needed = step_arguments.words(shard.vocab)
+            if step.allowed_token_bitmask.shape[2] != needed:
+                raise ValueError(f"allowed_token_bitmask must have ceil(vocab_size / 32) = "
+                                 f"{needed} words per row for vocab_size {shard.vocab}; got "
+                                 f"{step.allowed_token_bitmask.shape[2]}")
+        parameters = list(a["parameters"].values())
         draft, target = processed_inputs(
             shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
-            _cut(draft_logits, shard.width), *a["parameters"].values(), _searches(top_k, top_p))
+            _cut(draft_logits, shard.width), *parameters[:4],
+            _searches(top_k, top_p, draft_top_k, draft_top_p), parameters[4:], step,
+            draft_token_ids, ORDERS[processing_order])
         output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
                                          a["emitted"], a["seed"], a["offset"])
         return output, a["accepted"], a["emitted"]
 
     return _run(prepare, group, _LOGITS_NAMES, finish)
+
+
+def _cut_step(step: Step, width):
+    """A Step with this shard's columns of its per-token tensors (bias, counts, prompt mask)
+    without the padding; the grammar mask is the whole vocabulary's."""
+    return step._replace(**{name: _cut(getattr(step, name), width)
+                            for name in ("logit_bias", "output_token_counts", "prompt_token_mask")})

@@ -12,6 +12,7 @@ seeds or drafts return other tokens.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
 import torch
@@ -58,43 +59,45 @@ def resolve_group(group):
 ARGUMENTS = ("draft_probs", "draft_token_ids", "target_probs", "target_logits", "draft_logits",
              "maybe_output_accepted_token_num", "maybe_output_emitted_draft_token_num", "seed",
              "offset", "generator", "verification", "vocab_start", "vocab_size", "temperature",
-             "top_k", "top_p", "min_p")
+             "top_k", "top_p", "min_p", "draft_temperature", "draft_top_k", "draft_top_p",
+             "draft_min_p", "logit_bias", "allowed_token_bitmask", "repetition_penalty",
+             "frequency_penalty", "presence_penalty", "output_token_counts", "prompt_token_mask",
+             "processing_order")
 
+# The arguments whose values every rank must pass the same: ranks that differ would draw other
+# numbers, verify other drafts or process other rows, and return other tokens. Their fingerprints
+# (two each, 0 where not given or drawn) come after the shapes, which must agree for the
+# fingerprints to compare like with like. (A shard's logit bias, counts and prompt mask are its
+# own columns: they differ by rank.)
+SAME_ARGUMENTS = ("seed", "offset", "draft_token_ids", "temperature", "top_k", "top_p", "min_p",
+                  "draft_temperature", "draft_top_k", "draft_top_p", "draft_min_p",
+                  "repetition_penalty", "frequency_penalty", "presence_penalty",
+                  "allowed_token_bitmask")
+SAME = tuple((name, (f"{name}_print", f"{name}_print2")) for name in SAME_ARGUMENTS)
 
-class Record(NamedTuple):
-    """What one rank tells the others before any work: its shard and the call's shape and kind
-    (every field an int; the ranks' records must agree on all but the shard)."""
-
-    refused: int = 0  # 1 + the index in ARGUMENTS of the argument its checks refused; 0: none
-    vocab_start: int = 0
-    width: int = 0  # V_rank: the shard's columns, padding included
-    batch: int = 0
-    num_draft: int = 0
-    vocab_size: int = -1  # -1: not given (the shards' total)
-    dtype: int = 0
-    draft: int = 0  # 0: none (one-hot drafts), 1: draft_probs, 2: draft_logits
-    verification: int = 0  # 0: token, 1: block
-    seed_drawn: int = 0  # 1: seed=None, drawn on the first rank and broadcast
-    searches: int = 0  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
-    seeds: int = 1  # elements of the seed and offset tensors: the seed broadcast's size
-    offsets: int = 1
-    validation: int = 0  # SPECOPS_VALIDATE: its checks after the exchange raise on all or none
-    # Two fingerprints of each of the caller's seed, offset and draft ids (0: drawn, not given),
-    # filled in by exchange_layout on the device (``fingerprints``).
-    seed_print: int = 0
-    seed_print2: int = 0
-    offset_print: int = 0
-    offset_print2: int = 0
-    ids_print: int = 0
-    ids_print2: int = 0
-    temperature_print: int = 0  # from logits: the sampling parameters' (0: from probabilities)
-    temperature_print2: int = 0
-    top_k_print: int = 0
-    top_k_print2: int = 0
-    top_p_print: int = 0
-    top_p_print2: int = 0
-    min_p_print: int = 0
-    min_p_print2: int = 0
+# What one rank tells the others before any work: its shard and the call's shape and kind (every
+# field an int; the ranks' records must agree on all but the shard), then the fingerprints.
+_FIELDS = (
+    ("refused", 0),  # 1 + the index in ARGUMENTS of the argument its checks refused; 0: none
+    ("vocab_start", 0),
+    ("width", 0),  # V_rank: the shard's columns, padding included
+    ("batch", 0),
+    ("num_draft", 0),
+    ("vocab_size", -1),  # -1: not given (the shards' total)
+    ("dtype", 0),
+    ("draft", 0),  # 0: none (one-hot drafts), 1: draft_probs, 2: draft_logits
+    ("verification", 0),  # 0: token, 1: block
+    ("seed_drawn", 0),  # 1: seed=None, drawn on the first rank and broadcast
+    ("searches", 0),  # bit 0: top-k thresholds searched, bit 1: top-p thresholds
+    ("seeds", 1),  # elements of the seed and offset tensors: the seed broadcast's size
+    ("offsets", 1),
+    ("validation", 0),  # SPECOPS_VALIDATE: its checks after the exchange raise on all or none
+    ("step", 0),  # from logits: which of the sampling step's arguments are given, and the order
+    ("bitmask_words", 0),  # the grammar mask's words per row (0: none)
+)
+Record = namedtuple("Record", [name for name, _ in _FIELDS] +
+                    [field for _, fields in SAME for field in fields],
+                    defaults=[value for _, value in _FIELDS] + [0] * (2 * len(SAME)))
 
 
 # Fields every rank must agree on, and the argument an error then names.
@@ -104,17 +107,13 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
           ("draft", "draft_probs", "the draft's source (draft_probs, draft_logits or neither)"),
           ("verification", "verification", "verification"), ("seed_drawn", "seed",
                                                              "seed=None or a seed"),
-          ("searches", "top_k", "which of top_k / top_p are given"),
+          ("searches", "top_k", "which of top_k / top_p (or the draft's) are given"),
           ("seeds", "seed", "the number of seeds"), ("offsets", "offset", "the number of offsets"),
-          ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"))
-
-# The arguments whose values every rank must pass the same, and their fingerprints' fields: ranks
-# that differ would draw other numbers, or verify other drafts, and return other tokens. They
-# come after the shapes, which must agree for the fingerprints to compare like with like.
-SAME = (("seed", ("seed_print", "seed_print2")), ("offset", ("offset_print", "offset_print2")),
-        ("draft_token_ids", ("ids_print", "ids_print2")),
-        *((name, (f"{name}_print", f"{name}_print2"))
-          for name in ("temperature", "top_k", "top_p", "min_p")))
+          ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"),
+          ("step", "logit_bias", "which of the sampling step's arguments are given (logit_bias, "
+           "allowed_token_bitmask, the penalties and their counts, the draft's parameters) or "
+           "processing_order"),
+          ("bitmask_words", "allowed_token_bitmask", "its number of words per row"))
 _FIRST_PRINT = Record._fields.index("seed_print")
 
 # SplitMix64's constants as int64: its finaliser makes the fingerprints' weights.

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.logits import rule as params
-from ..core.logits.rule import per_row
+from ..core.logits.rule import Step, per_row
 from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
 
@@ -96,37 +96,71 @@ def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
 
 
 def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
-                    searches: int) -> torch.Tensor:
+                    searches: int, min_p_last: bool = False) -> torch.Tensor:
     """core/logits/rule.processed_rows of the (R, width) shards of R rows: float32 (R, width).
     ``searches`` says which threshold searches run (decided from the arguments' kinds, the same
-    on every rank, so that every rank makes the same collectives)."""
+    on every rank, so that every rank makes the same collectives); ``min_p_last``: min-p after
+    top-k and top-p (transformers' order)."""
     x = logits.float()
     valid = torch.isfinite(x)
     peak, argmax = peaks(shard, x, valid)
     _, e = params.weights(x, temperature, peak)
     columns = torch.arange(shard.width, device=x.device) + shard.start
     greedy = (columns == argmax[:, None]).float()
-    keep = valid & (e >= min_p.float()[:, None])
+    at_least_min_p = e >= min_p.float()[:, None]
+    keep = valid if min_p_last else valid & at_least_min_p
     if searches & SEARCH_TOP_K:
-        keep &= e >= top_k_threshold(shard, e, keep, top_k)
+        keep = keep & (e >= top_k_threshold(shard, e, keep, top_k))
     if searches & SEARCH_TOP_P:
-        keep &= e >= top_p_threshold(shard, e, keep, top_p)
+        keep = keep & (e >= top_p_threshold(shard, e, keep, top_p))
+    if min_p_last:
+        keep = keep & at_least_min_p
     return params.finished_rows(e, keep, kept_totals(shard, e, keep), greedy, temperature, top_k,
                                 top_p, min_p)
 
 
+def adjusted_shard(shard: Shard, logits: torch.Tensor, step: Step, draft_token_ids
+                   ) -> torch.Tensor:
+    """Rule step 0 on a shard of the target's rows (B, N + 1, width): its bias, counts and prompt
+    mask are this shard's columns (B, width), the grammar mask the whole vocabulary's; a draft
+    counts as generated in the shard holding its id."""
+    if not step.changes_logits():
+        return logits
+    bitmask = step.allowed_token_bitmask
+    if bitmask is not None:  # this shard's columns of the mask, as a bool
+        allowed = params.allowed_tokens(bitmask, shard.start + shard.width)[..., shard.start:]
+        logits = torch.where(allowed, logits.float(), -torch.inf)
+
+    def generated(counts):  # drafts of other shards counted in a spare column, then dropped
+        ids = draft_token_ids.long()
+        local = torch.where((ids >= shard.start) & (ids < shard.start + shard.width),
+                            ids - shard.start, shard.width)
+        local = torch.where((ids >= 0) & (ids < shard.vocab), local, -1)  # -1 ends the drafts
+        spare = torch.nn.functional.pad(counts, (0, 1))
+        return params.chain_generated(spare, local)[..., :shard.width]
+
+    return step._replace(allowed_token_bitmask=None).adjusted(logits, generated)
+
+
 def processed_inputs(shard: Shard, draft_probs, target_logits, draft_logits, temperature, top_k,
-                     top_p, min_p, searches: int):
-    """chain/from_logits.processed_inputs on shards: (draft_probs, target_probs); the target's
-    and the draft's rows are processed together, so each search is one collective for both."""
+                     top_p, min_p, searches: int, draft_parameters=(None,) * 4,
+                     step: Step = Step(), draft_token_ids=None, min_p_last: bool = False):
+    """chain/from_logits.processed_inputs on shards: (draft_probs, target_probs), the target's
+    rows after rule step 0 (``adjusted_shard``), the draft's logits by the draft's own parameters
+    (each None: the target's); the target's and the draft's rows are processed together, so each
+    search is one collective for both."""
+    target_logits = adjusted_shard(shard, target_logits, step, draft_token_ids)
     blocks = [target_logits] + ([draft_logits] if draft_logits is not None else [])
     flat = [block.reshape(-1, shard.width) for block in blocks]
+    target_parameters = (temperature, top_k, top_p, min_p)
+    per_block = [target_parameters, params.drafts_own(draft_parameters, target_parameters)]
 
-    def parameter(value):
-        return torch.cat([per_row(value, block.shape[0], block.shape[1]) for block in blocks])
+    def parameter(index):
+        return torch.cat([per_row(values[index], block.shape[0], block.shape[1])
+                          for values, block in zip(per_block, blocks)])
 
-    rows = processed_shard(shard, torch.cat(flat), parameter(temperature), parameter(top_k),
-                           parameter(top_p), parameter(min_p), searches)
+    rows = processed_shard(shard, torch.cat([f.float() for f in flat]), *map(parameter, range(4)),
+                           searches, min_p_last)
     target_probs = rows[: flat[0].shape[0]].reshape(target_logits.shape)
     if draft_logits is not None:
         draft_probs = rows[flat[0].shape[0]:].reshape(draft_logits.shape)
