@@ -255,6 +255,33 @@ def sampling_step_cases(start, end, draft, ids, target, draft_pad, target_pad, v
     return results
 
 
+def logprobs_cases(rank, layout, vocab, padded_to):
+    """Logprobs and the top tokens on shards, processed (the whole sampling step, top-k and top-p)
+    and raw, against the single-device call's."""
+    import specops
+    import specops.distributed as sd
+
+    start, end = shard_of(layout, rank)
+    draft, ids, target, draft_pad, target_pad = logits_inputs(6, 2, vocab, 4, padded_to)
+    ids[:, 0] = target[:, 0].argmax(dim=-1)  # accepted often: later positions have tokens
+    bias = torch.randn(6, vocab, generator=torch.Generator().manual_seed(6))
+    common = dict(temperature=torch.tensor([0.9, 0.0, 1.2, 0.7, 1.0, 0.8]), top_k=40, top_p=0.9,
+                  repetition_penalty=1.2, output_token_counts=torch.zeros(6, vocab).long(),
+                  seed=torch.arange(6), num_top_logprobs=5)
+    results = {}
+    for mode in ("processed", "raw"):
+        single = specops.chain_speculative_sampling_from_logits(
+            None, ids, target, draft_logits=draft, logit_bias=bias, logprobs=mode, **common)
+        shard = dict(common, output_token_counts=torch.nn.functional.pad(
+            common["output_token_counts"], (0, padded_to - vocab))[..., start:end])
+        ours = sd.chain_speculative_sampling_from_logits(
+            None, ids, target_pad[..., start:end], draft_logits=draft_pad[..., start:end],
+            logit_bias=torch.nn.functional.pad(bias, (0, padded_to - vocab))[..., start:end],
+            logprobs=mode, vocab_start=start, vocab_size=vocab, **shard)
+        results[mode] = (ours, single)
+    return results
+
+
 def collective_records(rank, world):
     """The collectives of each kind of call, at two vocabularies: name -> [log at V1, log at V2]."""
     import specops.distributed as sd
@@ -470,7 +497,8 @@ def two_ranks(rank, world):
                                        prefix="equal shards "))
     results.update(logits_cases(rank, layout, 3000, 3072))
     return {"exact": results, "collectives": collective_records(rank, world),
-            "bad": bad_inputs(rank, world), "processed": processed_rows(rank, layout, 3000)}
+            "bad": bad_inputs(rank, world), "processed": processed_rows(rank, layout, 3000),
+            "logprobs": logprobs_cases(rank, layout, 3000, 3072)}
 
 
 def first_tokens(rank, layout, vocab, verification, calls=4, batch=5000):

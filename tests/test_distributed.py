@@ -76,6 +76,17 @@ def test_aligned_shards_process_logits_as_one_device_does(two):
             assert torch.equal(ours, single), f"rank {rank}: processed rows differ"
 
 
+def test_aligned_shards_give_the_single_device_logprobs(two):
+    """Processed (the sampling step, top-k, top-p, a greedy request) and raw: the tokens, the
+    logprobs and the top tokens bit for bit, on every rank."""
+    for rank, result in enumerate(two):
+        for mode, (ours, single) in result["logprobs"].items():
+            assert len(ours) == 6 and (single[0][:, 1:] >= 0).any(), mode
+            for name, a, b in zip(("tokens", "accepted", "emitted", "logprobs", "top ids",
+                                   "top logprobs"), ours, single):
+                assert torch.equal(a, b), f"rank {rank}, {mode}: {name} differ"
+
+
 def test_shards_that_split_chunks_process_logits_as_one_device_does(three):
     """Every parameter at once, shards cut at 700 and 1500: the same kept tokens, the same
     weights within float32 rounding of the kept mass (summed over other groups of columns)."""

@@ -24,11 +24,14 @@ from ..chain.from_logits import check_logits_arguments, check_logits_values
 from ..core.ops.checks import check_masses, dtype_error, require_tensor, shape, validation_enabled
 from ..core.logits import adjustments as step_arguments
 from ..core.logits import parameters as params
-from ..core.logits.rule import ORDERS, Step
+from ..core.logits.rule import ORDERS, Step, per_row
+from ..core.logprobs.op import check_num_top
+from ..core.logprobs.outputs import MODES, check_request
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .comm import (Layout, Record, all_reduce, broadcast_from_first, exchange_layout,
                    refused_index, resolve_group)
-from .logits import SEARCH_TOP_K, SEARCH_TOP_P, processed_inputs
+from .logits import (SEARCH_TOP_K, SEARCH_TOP_P, adjusted_shard, processed_inputs,
+                     shard_logprobs)
 from .shards import Shard
 from .verify import VERIFIERS
 
@@ -136,7 +139,7 @@ def _check_whole_row_masses(arguments, layout: Layout, group) -> None:
 
 
 def _record(target, draft_kind, verification, seed, arguments, vocab_start, vocab_size,
-            searches=0, step_kinds=0, bitmask_words=0):
+            searches=0, step_kinds=0, bitmask_words=0, logprobs=None, num_top=0):
     """This rank's Record of a call whose local checks passed (its fingerprints are the layout
     exchange's to fill in)."""
     batch, positions, width = target.shape
@@ -144,7 +147,7 @@ def _record(target, draft_kind, verification, seed, arguments, vocab_start, voca
                   PROB_DTYPES.index(target.dtype), draft_kind, VERIFICATIONS.index(verification),
                   int(seed is None), searches, arguments["seed"].numel(),
                   arguments["offset"].numel(), int(validation_enabled()), step_kinds,
-                  bitmask_words)
+                  bitmask_words, 0 if logprobs is None else 1 + MODES.index(logprobs), num_top)
 
 
 def _same(seed, offset, seed_t, offset_t, ids, parameters=None, step: Step = Step()) -> tuple:
@@ -285,6 +288,8 @@ def chain_speculative_sampling_from_logits(
     output_token_counts: Optional[torch.Tensor] = None,
     prompt_token_mask: Optional[torch.Tensor] = None,
     processing_order: str = "vllm",
+    logprobs: Optional[str] = None,
+    num_top_logprobs: int = 0,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -292,7 +297,7 @@ def chain_speculative_sampling_from_logits(
     vocab_start: int,
     vocab_size: Optional[int] = None,
     group=None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """``specops.chain_speculative_sampling_from_logits`` on this rank's vocabulary shard:
     target_logits (B, N + 1, V_rank), and draft_logits or draft_probs (B, N, V_rank), as shards
     like ``chain_speculative_sampling``'s (vocab_start, vocab_size, group the same). The sampling
@@ -300,6 +305,8 @@ def chain_speculative_sampling_from_logits(
     ``allowed_token_bitmask`` (the whole vocabulary's, (B, N + 1, ceil(V / 32))) are the same on
     every rank; ``logit_bias``, ``output_token_counts`` and ``prompt_token_mask`` are this rank's
     columns (B, V_rank), as the logits are. Top-k and top-p thresholds are found over all ranks.
+    ``logprobs`` and ``num_top_logprobs`` as on one device (the same on every rank): every rank
+    returns the whole batch's.
     """
 
     def prepare(group):
@@ -316,6 +323,7 @@ def chain_speculative_sampling_from_logits(
                                accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES,
                                step._replace(allowed_token_bitmask=None))
         step_arguments.check_order(processing_order)
+        check_request(logprobs, num_top_logprobs, _ANY_ID)  # against V after the exchange
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
         start, size = _shard_arguments(vocab_start, vocab_size)
         words = 0
@@ -337,7 +345,8 @@ def chain_speculative_sampling_from_logits(
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
                                   start, size, _searches(top_k, top_p, draft_top_k, draft_top_p),
-                                  _step_kinds(parameters, step, processing_order), words)
+                                  _step_kinds(parameters, step, processing_order), words,
+                                  logprobs, num_top_logprobs)
 
     def finish(shard, a):
         step = _cut_step(a["step"], shard.width)
@@ -355,7 +364,32 @@ def chain_speculative_sampling_from_logits(
             draft_token_ids, ORDERS[processing_order])
         output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
                                          a["emitted"], a["seed"], a["offset"])
-        return output, a["accepted"], a["emitted"]
+        return (output, a["accepted"], a["emitted"]) + _shard_logprobs(
+            shard, output, step, parameters[:4], _searches(top_k, top_p))
+
+    def _shard_logprobs(shard, output, step, parameters, searches):
+        """The outputs' logprobs (and top tokens), as ``specops.chain_speculative_sampling_
+        from_logits`` gives them, over every rank."""
+        if logprobs is None:
+            return ()
+        check_num_top("num_top_logprobs", num_top_logprobs, shard.vocab)  # the same V everywhere
+        rows = _cut(target_logits, shard.width)
+        if logprobs == "processed":
+            rows = adjusted_shard(shard, rows, step, draft_token_ids)
+        else:  # the logits' softmax: temperature 1, nothing kept out
+            device = rows.device
+            parameters = [torch.ones(1, device=device), torch.zeros(1, dtype=torch.int64,
+                                                                   device=device),
+                          torch.ones(1, device=device), torch.zeros(1, device=device)]
+            searches = 0
+        batch, positions, _ = rows.shape
+        result = shard_logprobs(shard, rows.reshape(batch * positions, shard.width),
+                                output.reshape(-1),
+                                *(per_row(value, batch, positions) for value in parameters),
+                                searches, logprobs == "processed" and ORDERS[processing_order],
+                                num_top_logprobs)
+        result = tuple(value.reshape(batch, positions, *value.shape[1:]) for value in result)
+        return result if num_top_logprobs else result[:1]
 
     return _run(prepare, group, _LOGITS_NAMES, finish)
 

@@ -62,7 +62,7 @@ ARGUMENTS = ("draft_probs", "draft_token_ids", "target_probs", "target_logits", 
              "top_k", "top_p", "min_p", "draft_temperature", "draft_top_k", "draft_top_p",
              "draft_min_p", "logit_bias", "allowed_token_bitmask", "repetition_penalty",
              "frequency_penalty", "presence_penalty", "output_token_counts", "prompt_token_mask",
-             "processing_order")
+             "processing_order", "logprobs", "num_top_logprobs")
 
 # The arguments whose values every rank must pass the same: ranks that differ would draw other
 # numbers, verify other drafts or process other rows, and return other tokens. Their fingerprints
@@ -94,6 +94,8 @@ _FIELDS = (
     ("validation", 0),  # SPECOPS_VALIDATE: its checks after the exchange raise on all or none
     ("step", 0),  # from logits: which of the sampling step's arguments are given, and the order
     ("bitmask_words", 0),  # the grammar mask's words per row (0: none)
+    ("logprobs", 0),  # 0: none, 1: "processed", 2: "raw"
+    ("num_top", 0),  # num_top_logprobs
 )
 Record = namedtuple("Record", [name for name, _ in _FIELDS] +
                     [field for _, fields in SAME for field in fields],
@@ -113,7 +115,9 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
           ("step", "logit_bias", "which of the sampling step's arguments are given (logit_bias, "
            "allowed_token_bitmask, the penalties and their counts, the draft's parameters) or "
            "processing_order"),
-          ("bitmask_words", "allowed_token_bitmask", "its number of words per row"))
+          ("bitmask_words", "allowed_token_bitmask", "its number of words per row"),
+          ("logprobs", "logprobs", "logprobs"), ("num_top", "num_top_logprobs",
+                                                 "num_top_logprobs"))
 _FIRST_PRINT = Record._fields.index("seed_print")
 
 # SplitMix64's constants as int64: its finaliser makes the fingerprints' weights.

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..core.logits import rule as params
 from ..core.logits.rule import Step, per_row
+from ..core.logprobs.tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, at_tokens
 from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
 
@@ -95,9 +96,10 @@ def peaks(shard: Shard, x: torch.Tensor, valid: torch.Tensor):
     return best.float()[:, None], torch.where(torch.isfinite(best), argmax, -1.0).long()
 
 
-def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
-                    searches: int, min_p_last: bool = False) -> torch.Tensor:
-    """core/logits/rule.processed_rows of the (R, width) shards of R rows: float32 (R, width).
+def kept_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
+               searches: int, min_p_last: bool = False):
+    """core/logits/rule.kept_weights of the (R, width) shards of R rows, over every rank: (x
+    float32, valid, the rows' peaks (R, 1), greedy ids (R,), weights e, kept tokens).
     ``searches`` says which threshold searches run (decided from the arguments' kinds, the same
     on every rank, so that every rank makes the same collectives); ``min_p_last``: min-p after
     top-k and top-p (transformers' order)."""
@@ -105,8 +107,6 @@ def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_
     valid = torch.isfinite(x)
     peak, argmax = peaks(shard, x, valid)
     _, e = params.weights(x, temperature, peak)
-    columns = torch.arange(shard.width, device=x.device) + shard.start
-    greedy = (columns == argmax[:, None]).float()
     at_least_min_p = e >= min_p.float()[:, None]
     keep = valid if min_p_last else valid & at_least_min_p
     if searches & SEARCH_TOP_K:
@@ -115,8 +115,62 @@ def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_
         keep = keep & (e >= top_p_threshold(shard, e, keep, top_p))
     if min_p_last:
         keep = keep & at_least_min_p
+    return x, valid, peak, argmax, e, keep
+
+
+def processed_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
+                    searches: int, min_p_last: bool = False) -> torch.Tensor:
+    """core/logits/rule.processed_rows of the (R, width) shards of R rows: float32 (R, width)
+    (``kept_shard``'s arguments)."""
+    x, valid, peak, argmax, e, keep = kept_shard(shard, logits, temperature, top_k, top_p, min_p,
+                                                 searches, min_p_last)
+    columns = torch.arange(shard.width, device=x.device) + shard.start
+    greedy = (columns == argmax[:, None]).float()
     return params.finished_rows(e, keep, kept_totals(shard, e, keep), greedy, temperature, top_k,
                                 top_p, min_p)
+
+
+def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, temperature,
+                   top_k, top_p, min_p, searches: int, min_p_last: bool, num_top: int):
+    """core/logprobs' token logprobs over every rank, for rows (R, width) and their global token
+    ids (R,): the rank holding a token computes its value, every other -inf, and a MAX all_reduce
+    gives it to all; each rank's num_top most likely tokens are all-gathered and the best kept.
+    Returns (logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top))."""
+    x, valid, peak, argmax, e, keep = kept_shard(shard, logits, temperature, top_k, top_p, min_p,
+                                                 searches, min_p_last)
+    mode = torch.where(temperature == 0, GREEDY, SAMPLED)
+    mode = torch.where(params.out_of_range(temperature, top_k, top_p, min_p) | (argmax < 0),
+                       NO_MASS, mode)[:, None]
+    local_argmax = (argmax - shard.start)[:, None]
+    facts = RowFacts(mode, peak, (params.LOG2E / temperature.float())[:, None],
+                     kept_totals(shard, e, keep).log()[:, None], local_argmax)
+
+    def kept(ids, _):
+        return keep.gather(1, ids)
+
+    ids = token_ids.long()
+    local = torch.where((ids >= shard.start) & (ids < shard.start + shard.width),
+                        ids - shard.start, -1)[:, None]
+    logprobs = all_reduce(at_tokens(x, facts, local, kept)[:, 0], dist.ReduceOp.MAX, shard.group)
+    if num_top == 0:  # the same on every rank (the layout agrees on it): no gather
+        empty = torch.zeros(x.shape[0], 0, device=x.device)
+        return logprobs, empty.int(), empty
+    fewer = min(num_top, shard.width)
+    candidates = torch.where(keep, x, -torch.inf).topk(fewer, dim=-1).indices
+    owns_greedy = (mode == GREEDY) & (local_argmax >= 0) & (local_argmax < shard.width)
+    first = torch.arange(fewer, device=x.device) == 0
+    candidates = torch.where(owns_greedy & first, local_argmax.clamp(0, shard.width - 1),
+                             candidates)
+    values = torch.nn.functional.pad(at_tokens(x, facts, candidates, kept), (0, num_top - fewer),
+                                     value=-torch.inf)
+    global_ids = torch.nn.functional.pad(candidates + shard.start, (0, num_top - fewer), value=-1)
+    every = all_gather(torch.stack([values.double(), global_ids.double()]), shard.group)
+    values, global_ids = every[:, 0].permute(1, 0, 2), every[:, 1].permute(1, 0, 2)
+    best = values.reshape(values.shape[0], -1).topk(num_top, dim=-1)
+    top_ids = global_ids.reshape(values.shape[0], -1).gather(1, best.indices).long()
+    has = (best.values > -torch.inf) & (ids >= 0)[:, None] & (ids < shard.vocab)[:, None]
+    return (logprobs, torch.where(has, top_ids, -1).int(),
+            torch.where(has, best.values, -torch.inf).float())
 
 
 def adjusted_shard(shard: Shard, logits: torch.Tensor, step: Step, draft_token_ids
