@@ -8,8 +8,8 @@ from that position's row: typical acceptance its argmax after a rejected draft, 
 otherwise (every draft kept, or a synthetic rejection).
 
 Each is composed of registered ops (the logprobs and entropy ops, and the exact chain op on one
-row a request for the last token) and torch operations on (B, N) values: no row of logits is
-written beyond rule step 0's adjusted copy."""
+row a request for the last token) and torch operations on (B, N) values: the rows written are
+rule step 0's adjusted copy (where given) and that one row a request."""
 
 from __future__ import annotations
 
