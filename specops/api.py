@@ -24,9 +24,12 @@ from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .chain.logprobs import chain_logprobs
-from .chain.lossy import check_lossy, lossy_chain
+from .chain.lossy import lossy_chain
+from .core.logits.acceptance import check_lossy
 from .core.logprobs.outputs import check_request as check_logprobs_request
 from .tree.logprobs import tree_logprobs
+from .tree.lossy import lossy_tree
+from .tree.processed import tree_generated
 from .tree import arguments as _tree_arguments, from_logits as _tree_from_logits
 from .tree import op as _tree_op
 
@@ -311,6 +314,10 @@ def tree_speculative_sampling_from_logits(
     processing_order: str = "vllm",
     logprobs: Optional[str] = None,
     num_top_logprobs: int = 0,
+    acceptance: str = "exact",
+    posterior_threshold: Optional[float] = None,
+    posterior_alpha: Optional[float] = None,
+    acceptance_rate: Optional[float] = None,
     with_replacement: bool = True,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
@@ -344,6 +351,9 @@ def tree_speculative_sampling_from_logits(
         processing_order, logprobs, num_top_logprobs: as in
             ``chain_speculative_sampling_from_logits``; output position j's token is drawn from
             the row of the path's j-th node (the root's for j = 0).
+        acceptance, posterior_threshold, posterior_alpha, acceptance_rate: LOSSY acceptance, as
+            in ``chain_speculative_sampling_from_logits`` (docs/semantics.md, "Lossy
+            acceptance"): the path to the deepest node whose path passes the rule's test.
         with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
 
     Returns:
@@ -364,9 +374,17 @@ def tree_speculative_sampling_from_logits(
                             seed_t, offset_t, *target, with_replacement, *draft, *step,
                             processing_order)
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
-    output, nodes, emitted = _tree_op.tree_speculative_sampling_from_logits_op(
-        draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
-        *target, with_replacement, *draft, *step, processing_order)
+    if check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate):
+        adjusted = step.adjusted(target_logits, lambda counts: tree_generated(
+            counts, draft_token_ids, parents))
+        output, nodes, emitted = lossy_tree(
+            _tree_op.tree_speculative_sampling_from_logits_op, draft_token_ids, parents,
+            adjusted, seed_t, offset_t, target, processing_order, posterior_threshold,
+            posterior_alpha, acceptance_rate)
+    else:
+        output, nodes, emitted = _tree_op.tree_speculative_sampling_from_logits_op(
+            draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
+            *target, with_replacement, *draft, *step, processing_order)
     return (output, nodes, emitted) + tree_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, parents, output, nodes,
         target, step, processing_order)

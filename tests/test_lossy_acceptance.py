@@ -199,3 +199,89 @@ def test_typical_acceptance_is_lossy():
         None, ids, logits, seed=s, acceptance="typical")[2]) for s in range(20)]
     assert kept == [1] * 20
     assert not math.isclose(sum(kept) / 20, 0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees
+
+def tree_inputs(seed=7, batch=B, vocab=V):
+    """Logits per node, a tree of width 2 and depth 3 (parents before children), each node's
+    token its parent row's argmax or, for about a third, another token."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.tensor([0, 0, 1, 1, 2, 3, 3])
+    nodes = parents.shape[0]
+    logits = 3 * torch.randn(batch, nodes + 1, vocab, generator=g)
+    ids = logits[:, parents].argmax(dim=-1)
+    other = torch.rand(batch, nodes, generator=g) < 0.35
+    ids = torch.where(other, torch.randint(0, vocab, (batch, nodes), generator=g), ids)
+    return logits, ids, parents.expand(batch, nodes).contiguous()
+
+
+def tree_typical_by_hand(logits, ids, parents, threshold=0.09, alpha=0.3):
+    """(the deepest kept node (B,), its depth (B,)), node by node in plain Python."""
+    p = processed(logits)
+    entropy = -torch.where(p > 0, p * p.log(), 0.0).sum(-1)
+    best, length = [], []
+    for b in range(ids.shape[0]):
+        kept, depth = {0: True}, {0: 0}
+        for i in range(ids.shape[1]):
+            row = int(parents[b, i])
+            bar = min(threshold, alpha * math.exp(-float(entropy[b, row])))
+            kept[i + 1] = kept[row] and float(p[b, row, ids[b, i]]) > bar
+            depth[i + 1] = depth[row] + 1
+        deepest = max(range(ids.shape[1] + 1), key=lambda n: (kept[n] and depth[n], -n))
+        best.append(deepest)
+        length.append(depth[deepest])
+    return best, length
+
+
+def test_tree_typical_acceptance_keeps_the_deepest_kept_path():
+    logits, ids, parents = tree_inputs()
+    out, node_ids, emitted = specops.tree_speculative_sampling_from_logits(
+        None, ids, parents, logits, seed=torch.arange(B), acceptance="typical", **PARAMETERS)
+    best, length = tree_typical_by_hand(logits, ids, parents)
+    assert emitted.tolist() == length and len(set(length)) > 1
+    p = processed(logits)
+    for b in range(B):
+        path, node = [], best[b]
+        while node > 0:
+            path.insert(0, node)
+            node = int(parents[b, node - 1])
+        n = length[b]
+        assert node_ids[b, :n].tolist() == path and (node_ids[b, n:] == -1).all()
+        assert out[b, :n].tolist() == [int(ids[b, k - 1]) for k in path]
+        last = int(out[b, n])
+        if (parents[b] == best[b]).any():  # children, all rejected: the argmax of its row
+            assert last == int(p[b, best[b]].argmax())
+        else:
+            assert p[b, best[b], last] > 0
+        assert (out[b, n + 1:] == -1).all()
+
+
+def test_a_chain_shaped_tree_keeps_what_the_chain_keeps():
+    logits, ids = inputs(seed=8)
+    parents = torch.arange(N).expand(B, N)
+    chain = call(logits, ids, torch.arange(B), acceptance="typical")
+    tree = specops.tree_speculative_sampling_from_logits(
+        None, ids, parents, logits, seed=torch.arange(B), acceptance="typical", **PARAMETERS)
+    assert torch.equal(tree[2], chain[2])
+    rejected = chain[2] < (ids >= 0).sum(-1)  # the last token is the argmax: the same
+    assert rejected.any() and torch.equal(tree[0][rejected], chain[0][rejected])
+
+
+def test_a_tree_at_rates_zero_and_one():
+    logits, ids, parents = tree_inputs(seed=9)
+    for rate, depth in ((0.0, 0), (1.0, 3)):
+        out, node_ids, emitted = specops.tree_speculative_sampling_from_logits(
+            None, ids, parents, logits, seed=1, acceptance_rate=rate)
+        assert (emitted == depth).all()
+    assert (node_ids[:, :3] == torch.tensor([1, 3, 6])).all()  # the first path of depth 3
+
+
+def test_tree_arguments_are_checked_by_name():
+    logits, ids, parents = tree_inputs()
+    for kwargs, fragment in ((dict(acceptance="lossy"), 'acceptance must be "exact" or'),
+                             (dict(acceptance_rate=-0.1), "acceptance_rate must be a number")):
+        with pytest.raises(ValueError, match=fragment):
+            specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, seed=1,
+                                                          **kwargs)

@@ -13,48 +13,11 @@ rule step 0's adjusted copy (where given) and that one row a request."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ..core.logits.acceptance import rate_passes, typical_passes
 from ..core.logits.rule import Step, chain_generated
 from ..core.logprobs.op import row_entropy_op, token_logprobs_op
-from ..core.sampling.randomness import uniforms_at
-from ..core.sampling.slots import coin_slot
-
-ACCEPTANCES = ("exact", "typical")
-# vLLM's defaults for Medusa's typical acceptance.
-POSTERIOR_THRESHOLD, POSTERIOR_ALPHA = 0.09, 0.3
-
-
-def check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
-                verification) -> bool:
-    """The lossy arguments of a public function; whether the call is lossy."""
-    if acceptance not in ACCEPTANCES:
-        raise ValueError(f'acceptance must be "exact" or "typical" (lossy: Medusa\'s typical '
-                         f"acceptance); got {acceptance!r}")
-    for name, value in (("posterior_threshold", posterior_threshold),
-                        ("posterior_alpha", posterior_alpha)):
-        if value is None:
-            continue
-        if acceptance != "typical":
-            raise ValueError(f'{name} applies to acceptance="typical" only')
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not 0 <= value < math.inf:
-            raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
-    if acceptance_rate is not None:
-        if acceptance == "typical":
-            raise ValueError('acceptance_rate replaces the acceptance rule: pass it without '
-                             'acceptance="typical"')
-        if isinstance(acceptance_rate, bool) or not isinstance(acceptance_rate, (int, float)) \
-                or not 0 <= acceptance_rate <= 1:
-            raise ValueError(f"acceptance_rate must be a number in [0, 1]; got "
-                             f"{acceptance_rate!r}")
-    lossy = acceptance == "typical" or acceptance_rate is not None
-    if lossy and verification != "token":
-        raise ValueError('verification="block" is a rule of exact acceptance; lossy acceptance '
-                         "replaces it")
-    return lossy
 
 
 def lossy_chain(exact_op, draft_token_ids, target_logits, accepted_num, emitted_num, seed,
@@ -70,15 +33,11 @@ def lossy_chain(exact_op, draft_token_ids, target_logits, accepted_num, emitted_
     ids = draft_token_ids.long()
     drafting = ((ids >= 0) & (ids < vocab)).int().cumprod(dim=-1).bool()  # before the first -1
     if acceptance_rate is None:
-        threshold = POSTERIOR_THRESHOLD if posterior_threshold is None else posterior_threshold
-        alpha = POSTERIOR_ALPHA if posterior_alpha is None else posterior_alpha
         logprobs = token_logprobs_op(logits[:, :num_draft], ids, *parameters, 0, order)[0]
         entropy = row_entropy_op(logits[:, :num_draft], *parameters, order)
-        bar = torch.clamp(alpha * torch.exp(-entropy.double()), max=threshold)
-        kept = logprobs.double().exp() > bar
-    else:  # the token rule's acceptance coins (core/sampling/slots.py), compared with the rate
-        slots = torch.tensor([coin_slot(vocab, j) for j in range(num_draft)], dtype=torch.int64)
-        kept = uniforms_at(seed, offset, batch, slots) < acceptance_rate
+        kept = typical_passes(logprobs, entropy, posterior_threshold, posterior_alpha)
+    else:
+        kept = rate_passes(seed, offset, batch, vocab, num_draft, acceptance_rate)
     kept = kept & drafting
     length = kept.int().cumprod(dim=-1).sum(dim=-1)  # (B,): the drafts emitted
     # The last token, from row `length`: typical acceptance's argmax after a rejected draft

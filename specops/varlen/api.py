@@ -9,7 +9,8 @@ import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
 from ..chain.arguments import check_counters_apart
-from ..chain.lossy import check_lossy, lossy_chain
+from ..chain.lossy import lossy_chain
+from ..core.logits.acceptance import check_lossy
 from ..chain.token.op import chain_speculative_sampling_from_logits_op
 from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
