@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 
 
-def run_worker(worker: str, *argv: str):
+def _run(worker: str, argv: tuple):
     """The JSON the ``worker`` script prints last, run with this checkout and tests/ (sass.py) on
     its path."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -25,10 +27,67 @@ def run_worker(worker: str, *argv: str):
     # Compiled here, not taken from Triton's cache: a cached kernel of the same source compiled
     # from another checkout (or before a module moved) has line tables naming that one's files.
     env["TRITON_ALWAYS_COMPILE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", worker, *argv], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, "-c", worker, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    _running.append(proc)
+    try:
+        out, err = proc.communicate(timeout=900)
+    finally:
+        _running.remove(proc)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# Workers started ahead (``prefetch``), one at a time on a background thread: ptxas is
+# single-threaded and the suite runs in one process, so the compiles take the second core while
+# the other tests run (conftest.py starts them at collection and runs their tests last).
+_jobs: dict = {}
+_queue: queue.Queue = queue.Queue()
+_running: list = []
+
+
+class _Job:
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = self.error = None
+
+
+def _work() -> None:
+    while True:
+        key, job = _queue.get()
+        try:
+            job.result = _run(*key)
+        except BaseException as error:  # raised where the result is asked for
+            job.error = error
+        job.done.set()
+
+
+def prefetch(worker: str, *argv: str) -> None:
+    """Start ``run_worker(worker, *argv)`` in the background (after those started before)."""
+    key = (worker, argv)
+    if key in _jobs:
+        return
+    if not _jobs:
+        threading.Thread(target=_work, daemon=True).start()
+    _jobs[key] = job = _Job()
+    _queue.put((key, job))
+
+
+def stop() -> None:
+    """Kill the worker running in the background, if any (the session is over)."""
+    for proc in list(_running):
+        proc.kill()
+
+
+def run_worker(worker: str, *argv: str):
+    """The JSON the ``worker`` script prints last: the prefetched run's, or a run now."""
+    job = _jobs.get((worker, argv))
+    if job is None:
+        return _run(worker, argv)
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
+    return job.result
 
 
 def assert_no_spills(report: dict, context) -> None:

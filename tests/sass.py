@@ -309,6 +309,16 @@ def compile_processed_rows(prob):
                               PROCESSED.options)
 
 
+def compile_row_entropy(prob):
+    """The entropy pass typical acceptance reads (core/logprobs/kernel.py) as its launcher
+    specialises it."""
+    from specops.core.logprobs.kernel import row_entropy_kernel
+    from specops.core.logprobs.launch import ENTROPY
+
+    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "out_ptr": "*fp32"}
+    return compile_for_hopper(row_entropy_kernel, types, {"CHUNK": CHUNK}, True, ENTROPY.options)
+
+
 def statistics_budget(prob: str, kernel=None) -> list[dict]:
     """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
     mass passes: every pass reads the row once), as ``budget``'s rows."""

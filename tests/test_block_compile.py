@@ -71,9 +71,14 @@ print(json.dumps(out))
 '''
 
 
+# The workers this module runs (conftest.py starts them ahead).
+COMPILE_JOBS = [(WORKER, json.dumps([ROW_SPECS, SCAN_SPECS])),
+                (WORKER, json.dumps([[], [("fp32", True, 512)]]))]
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    return run_worker(WORKER, json.dumps([ROW_SPECS, SCAN_SPECS]))
+    return run_worker(*COMPILE_JOBS[0])
 
 
 def test_no_spills(compiled):
@@ -102,5 +107,5 @@ def test_issue_bound_beats_the_goal(compiled):
 def test_scan_compiles_for_hundreds_of_drafts():
     """Drafts of 256 and more (BLOCK_N 512): the scan still sums at least one chunk a row at a
     time, so it compiles (a tile of no chunks does not)."""
-    out = run_worker(WORKER, json.dumps([[], [("fp32", True, 512)]]))
+    out = run_worker(*COMPILE_JOBS[1])
     assert len(out["scan"]) == 1 and out["scan"][0]["resources"]["REG"] > 0, out

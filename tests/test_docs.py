@@ -152,7 +152,7 @@ def test_demo_runs_beside_a_clone_named_specops(tmp_path):
 @pytest.mark.interpreter
 def test_contributing_interpreter_demo_command_passes():
     """contributing.md's command: the demo through the Triton kernel under the interpreter."""
-    command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 16"
+    command = "TRITON_INTERPRET=1 SPECOPS_BACKEND=triton python -m specops.demo --batch-size 8 --length 8"
     assert command in (ROOT / "docs" / "internals" / "contributing.md").read_text()
     env = dict(os.environ, TRITON_INTERPRET="1", SPECOPS_BACKEND="triton", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, *command.split()[3:]], cwd=ROOT, env=env,

@@ -41,9 +41,12 @@ print(json.dumps(out))
 '''
 
 
+COMPILE_JOBS = [(WORKER, json.dumps(SPECS))]  # conftest.py starts it ahead
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    return run_worker(WORKER, json.dumps(SPECS))
+    return run_worker(*COMPILE_JOBS[0])
 
 
 def test_no_spills(compiled):
