@@ -255,6 +255,33 @@ def sampling_step_cases(start, end, draft, ids, target, draft_pad, target_pad, v
     return results
 
 
+def lossy_cases(rank, layout, vocab, padded_to):
+    """Typical acceptance (with the sampling step) and a synthetic rate on shards, against the
+    single-device call's tokens and counters."""
+    import specops
+    import specops.distributed as sd
+
+    start, end = shard_of(layout, rank)
+    _, ids, target, _, target_pad = logits_inputs(6, 3, vocab, 10, padded_to)
+    ids[:, :2] = target[:, :2].argmax(dim=-1)  # kept by typical acceptance, mostly
+    bias = torch.randn(6, vocab, generator=torch.Generator().manual_seed(11))
+    common = dict(temperature=torch.tensor([0.9, 0.0, 1.2, 0.7, 1.0, 0.8]), top_k=40,
+                  seed=torch.arange(6), offset=2)
+    results = {}
+    for name, lossy in (("typical", dict(acceptance="typical", posterior_threshold=1.0,
+                                         posterior_alpha=3.0)),
+                        ("rate", dict(acceptance_rate=0.6))):
+        single = specops.chain_speculative_sampling_from_logits(None, ids, target,
+                                                                logit_bias=bias, **common,
+                                                                **lossy)
+        ours = sd.chain_speculative_sampling_from_logits(
+            None, ids, target_pad[..., start:end],
+            logit_bias=torch.nn.functional.pad(bias, (0, padded_to - vocab))[..., start:end],
+            vocab_start=start, vocab_size=vocab, **common, **lossy)
+        results[f"lossy {name}"] = (ours, single)
+    return results
+
+
 def logprobs_cases(rank, layout, vocab, padded_to):
     """Logprobs and the top tokens on shards, processed (the whole sampling step, top-k and top-p)
     and raw, against the single-device call's."""
@@ -496,6 +523,7 @@ def two_ranks(rank, world):
     results.update(probabilities_cases(rank, [(0, 2048), (2048, 4096)], 4096, 4096,
                                        prefix="equal shards "))
     results.update(logits_cases(rank, layout, 3000, 3072))
+    results.update(lossy_cases(rank, layout, 3000, 3072))
     return {"exact": results, "collectives": collective_records(rank, world),
             "bad": bad_inputs(rank, world), "processed": processed_rows(rank, layout, 3000),
             "logprobs": logprobs_cases(rank, layout, 3000, 3072)}

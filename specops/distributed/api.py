@@ -24,6 +24,7 @@ from ..chain.from_logits import check_logits_arguments, check_logits_values
 from ..core.ops.checks import check_masses, dtype_error, require_tensor, shape, validation_enabled
 from ..core.logits import adjustments as step_arguments
 from ..core.logits import parameters as params
+from ..core.logits.acceptance import check_lossy
 from ..core.logits.rule import ORDERS, Step, per_row
 from ..core.logprobs.op import check_num_top
 from ..core.logprobs.outputs import MODES, check_request
@@ -32,6 +33,7 @@ from .comm import (Layout, Record, all_reduce, broadcast_from_first, exchange_la
                    refused_index, resolve_group)
 from .logits import (SEARCH_TOP_K, SEARCH_TOP_P, adjusted_shard, processed_inputs,
                      shard_logprobs)
+from .lossy import lossy_shard_chain
 from .shards import Shard
 from .verify import VERIFIERS
 
@@ -150,7 +152,8 @@ def _record(target, draft_kind, verification, seed, arguments, vocab_start, voca
                   bitmask_words, 0 if logprobs is None else 1 + MODES.index(logprobs), num_top)
 
 
-def _same(seed, offset, seed_t, offset_t, ids, parameters=None, step: Step = Step()) -> tuple:
+def _same(seed, offset, seed_t, offset_t, ids, parameters=None, step: Step = Step(),
+          lossy=(None, None, None)) -> tuple:
     """The values every rank must pass the same (comm.SAME): seed, offset, draft ids and, from
     logits, the sampling parameters (the draft's too), the penalties and the grammar mask; the
     caller's, None where drawn (a draw differs by rank until the first rank's is broadcast) or
@@ -160,16 +163,24 @@ def _same(seed, offset, seed_t, offset_t, ids, parameters=None, step: Step = Ste
     return (None if seed is None else seed_t,
             None if seed is None and offset is None else offset_t, ids,
             *(taken.get(name) for name in (*params.SAMPLING, *params.DRAFT_PARAMETERS)),
-            *(getattr(step, name) for name in params.PENALTIES), step.allowed_token_bitmask)
+            *(getattr(step, name) for name in params.PENALTIES), step.allowed_token_bitmask,
+            *lossy)
 
 
-def _step_kinds(parameters: dict, step: Step, processing_order: str) -> int:
-    """Which of the sampling step's arguments a call gives, and its order, as bits: what every
-    rank must agree on before the values are compared."""
+def _step_kinds(parameters: dict, step: Step, processing_order: str, acceptance: str = "exact",
+                acceptance_rate=None) -> int:
+    """Which of the sampling step's arguments a call gives, its order and its acceptance rule,
+    as bits: what every rank must agree on before the values are compared."""
     given = [getattr(step, name) is not None for name in Step._fields]
     given += [parameters[name] is not None for name in params.DRAFT_PARAMETERS]
-    given.append(ORDERS[processing_order])
+    given += [ORDERS[processing_order], acceptance == "typical", acceptance_rate is not None]
     return sum(int(flag) << bit for bit, flag in enumerate(given))
+
+
+def _as_values(device, *numbers) -> tuple:
+    """Python numbers as float64 tensors for the fingerprints (None stays None)."""
+    return tuple(None if value is None else torch.tensor([float(value)], dtype=torch.float64,
+                                                         device=device) for value in numbers)
 
 
 def _check_global_bitmask(bitmask, target, covered: int) -> int:
@@ -290,6 +301,10 @@ def chain_speculative_sampling_from_logits(
     processing_order: str = "vllm",
     logprobs: Optional[str] = None,
     num_top_logprobs: int = 0,
+    acceptance: str = "exact",
+    posterior_threshold: Optional[float] = None,
+    posterior_alpha: Optional[float] = None,
+    acceptance_rate: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -305,8 +320,9 @@ def chain_speculative_sampling_from_logits(
     ``allowed_token_bitmask`` (the whole vocabulary's, (B, N + 1, ceil(V / 32))) are the same on
     every rank; ``logit_bias``, ``output_token_counts`` and ``prompt_token_mask`` are this rank's
     columns (B, V_rank), as the logits are. Top-k and top-p thresholds are found over all ranks.
-    ``logprobs`` and ``num_top_logprobs`` as on one device (the same on every rank): every rank
-    returns the whole batch's.
+    ``logprobs`` and ``num_top_logprobs``, and the LOSSY ``acceptance="typical"`` (with
+    ``posterior_threshold``, ``posterior_alpha``) or ``acceptance_rate``, as on one device (the
+    same on every rank): every rank returns the whole batch's.
     """
 
     def prepare(group):
@@ -324,6 +340,8 @@ def chain_speculative_sampling_from_logits(
                                step._replace(allowed_token_bitmask=None))
         step_arguments.check_order(processing_order)
         check_request(logprobs, num_top_logprobs, _ANY_ID)  # against V after the exchange
+        check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
+                    verification)
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
         start, size = _shard_arguments(vocab_start, vocab_size)
         words = 0
@@ -341,11 +359,13 @@ def chain_speculative_sampling_from_logits(
                          parameters=parameters, step=step, ids=draft_token_ids,
                          names=LOGITS_NAMES.chain, probs=(None, draft_probs),
                          same=_same(seed, offset, seed_t, offset_t, draft_token_ids, parameters,
-                                    step))
+                                    step, _as_values(device, posterior_threshold,
+                                                     posterior_alpha, acceptance_rate)))
         draft_kind = 1 if draft_probs is not None else 2 if draft_logits is not None else 0
         return arguments, _record(target_logits, draft_kind, verification, seed, arguments,
                                   start, size, _searches(top_k, top_p, draft_top_k, draft_top_p),
-                                  _step_kinds(parameters, step, processing_order), words,
+                                  _step_kinds(parameters, step, processing_order, acceptance,
+                                              acceptance_rate), words,
                                   logprobs, num_top_logprobs)
 
     def finish(shard, a):
@@ -357,6 +377,15 @@ def chain_speculative_sampling_from_logits(
                                  f"{needed} words per row for vocab_size {shard.vocab}; got "
                                  f"{step.allowed_token_bitmask.shape[2]}")
         parameters = list(a["parameters"].values())
+        if acceptance == "typical" or acceptance_rate is not None:
+            output = lossy_shard_chain(
+                shard, chain_speculative_sampling_from_logits,
+                adjusted_shard(shard, _cut(target_logits, shard.width), step, draft_token_ids),
+                draft_token_ids, a["accepted"], a["emitted"], a["seed"], a["offset"],
+                parameters[:4], _searches(top_k, top_p), ORDERS[processing_order],
+                processing_order, posterior_threshold, posterior_alpha, acceptance_rate)
+            return (output, a["accepted"], a["emitted"]) + _shard_logprobs(
+                shard, output, step, parameters[:4], _searches(top_k, top_p))
         draft, target = processed_inputs(
             shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
             _cut(draft_logits, shard.width), *parameters[:4],

@@ -62,7 +62,8 @@ ARGUMENTS = ("draft_probs", "draft_token_ids", "target_probs", "target_logits", 
              "top_k", "top_p", "min_p", "draft_temperature", "draft_top_k", "draft_top_p",
              "draft_min_p", "logit_bias", "allowed_token_bitmask", "repetition_penalty",
              "frequency_penalty", "presence_penalty", "output_token_counts", "prompt_token_mask",
-             "processing_order", "logprobs", "num_top_logprobs")
+             "processing_order", "logprobs", "num_top_logprobs", "acceptance",
+             "posterior_threshold", "posterior_alpha", "acceptance_rate")
 
 # The arguments whose values every rank must pass the same: ranks that differ would draw other
 # numbers, verify other drafts or process other rows, and return other tokens. Their fingerprints
@@ -72,7 +73,8 @@ ARGUMENTS = ("draft_probs", "draft_token_ids", "target_probs", "target_logits", 
 SAME_ARGUMENTS = ("seed", "offset", "draft_token_ids", "temperature", "top_k", "top_p", "min_p",
                   "draft_temperature", "draft_top_k", "draft_top_p", "draft_min_p",
                   "repetition_penalty", "frequency_penalty", "presence_penalty",
-                  "allowed_token_bitmask")
+                  "allowed_token_bitmask", "posterior_threshold", "posterior_alpha",
+                  "acceptance_rate")
 SAME = tuple((name, (f"{name}_print", f"{name}_print2")) for name in SAME_ARGUMENTS)
 
 # What one rank tells the others before any work: its shard and the call's shape and kind (every
@@ -113,8 +115,8 @@ AGREED = (("batch", "target_probs", "batch_size"), ("num_draft", "target_probs",
           ("seeds", "seed", "the number of seeds"), ("offsets", "offset", "the number of offsets"),
           ("validation", "SPECOPS_VALIDATE", "whether validation mode is on"),
           ("step", "logit_bias", "which of the sampling step's arguments are given (logit_bias, "
-           "allowed_token_bitmask, the penalties and their counts, the draft's parameters) or "
-           "processing_order"),
+           "allowed_token_bitmask, the penalties and their counts, the draft's parameters), "
+           "processing_order or the acceptance rule"),
           ("bitmask_words", "allowed_token_bitmask", "its number of words per row"),
           ("logprobs", "logprobs", "logprobs"), ("num_top", "num_top_logprobs",
                                                  "num_top_logprobs"))

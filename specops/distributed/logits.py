@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..core.logits import rule as params
 from ..core.logits.rule import Step, per_row
+from ..core.logprobs.rule import LN2
 from ..core.logprobs.tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, at_tokens
 from .comm import all_gather, all_reduce
 from .shards import Shard, exact_totals, piece_masses
@@ -171,6 +172,23 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     has = (best.values > -torch.inf) & (ids >= 0)[:, None] & (ids < shard.vocab)[:, None]
     return (logprobs, torch.where(has, top_ids, -1).int(),
             torch.where(has, best.values, -torch.inf).float())
+
+
+def shard_entropy(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
+                  searches: int, min_p_last: bool = False) -> torch.Tensor:
+    """core/logprobs' row entropies over every rank, of rows (R, width): float32 (R,), H =
+    ln W - ln 2 * sum (e / W) t over the kept tokens (t = (x - m) c, the base-2 log of the weight),
+    each rank's share of the sum all-reduced; 0 for a greedy row and a row without mass."""
+    x, valid, peak, argmax, e, keep = kept_shard(shard, logits, temperature, top_k, top_p, min_p,
+                                                 searches, min_p_last)
+    mass = kept_totals(shard, e, keep)
+    t = (x - peak) * (params.LOG2E / temperature.float())[:, None]
+    weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
+    weighted = all_reduce(weighted, dist.ReduceOp.SUM, shard.group)
+    entropy = mass.log() - LN2 * weighted / mass
+    sampled = (temperature > 0) & ~params.out_of_range(temperature, top_k, top_p, min_p) & \
+        (argmax >= 0)
+    return torch.where(sampled, entropy, 0.0).float()
 
 
 def adjusted_shard(shard: Shard, logits: torch.Tensor, step: Step, draft_token_ids
