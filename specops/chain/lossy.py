@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.logits.acceptance import rate_passes, typical_passes
+from ..core.logits.acceptance import (last_token_rows, lossy_outputs, rate_passes,
+                                      typical_passes)
 from ..core.logits.rule import Step, chain_generated
 from ..core.logprobs.op import row_entropy_op, token_logprobs_op
 
@@ -39,23 +40,11 @@ def lossy_chain(exact_op, draft_token_ids, target_logits, accepted_num, emitted_
     else:
         kept = rate_passes(seed, offset, batch, vocab, num_draft, acceptance_rate)
     kept = kept & drafting
-    length = kept.int().cumprod(dim=-1).sum(dim=-1)  # (B,): the drafts emitted
-    # The last token, from row `length`: typical acceptance's argmax after a rejected draft
-    # (temperature 0), a draw from the row otherwise, by the exact op on that row alone.
-    rejected = length < drafting.sum(dim=-1)
+    # The last token, by the exact op on its row alone.
+    length, temperature = last_token_rows(kept, drafting, parameters[0], acceptance_rate is None)
     last_rows = logits[torch.arange(batch, device=logits.device), length][:, None]
-    temperature = parameters[0].expand(batch)
-    if acceptance_rate is None:
-        temperature = torch.where(rejected, torch.zeros_like(temperature), temperature)
     scratch = torch.zeros(2, batch, dtype=torch.int32, device=logits.device)
     last = exact_op(None, ids[:, :0], last_rows, None, scratch[0], scratch[1], seed, offset,
                     temperature, *parameters[1:], None, None, None, None, None, None, None, None,
                     None, None, None, order)[:, 0]
-    position = torch.arange(rows, device=logits.device)
-    padded = torch.cat([draft_token_ids.int(), torch.full_like(draft_token_ids[:, :1], -1).int()],
-                       dim=1)
-    output = torch.where(position < length[:, None], padded,
-                         torch.where(position == length[:, None], last[:, None], -1))
-    accepted_num.add_(kept.sum(dim=-1).to(accepted_num.dtype))
-    emitted_num.add_(length.to(emitted_num.dtype))
-    return output.int()
+    return lossy_outputs(draft_token_ids, kept, last, accepted_num, emitted_num)

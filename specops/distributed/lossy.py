@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.logits.acceptance import rate_passes, typical_passes
+from ..core.logits.acceptance import (last_token_rows, lossy_outputs, rate_passes,
+                                      typical_passes)
 from ..core.logits.rule import per_row
 from .logits import shard_entropy, shard_logprobs
 from .shards import Shard
@@ -34,21 +35,10 @@ def lossy_shard_chain(shard: Shard, exact, logits, draft_token_ids, accepted_num
     else:
         kept = rate_passes(seed, offset, batch, shard.vocab, num_draft, acceptance_rate)
     kept = kept & drafting
-    length = kept.int().cumprod(dim=-1).sum(dim=-1)
-    rejected = length < drafting.sum(dim=-1)
-    temperature = parameters[0].expand(batch)
-    if acceptance_rate is None:  # the argmax after a rejected draft
-        temperature = torch.where(rejected, torch.zeros_like(temperature), temperature)
+    length, temperature = last_token_rows(kept, drafting, parameters[0], acceptance_rate is None)
     last_rows = logits[torch.arange(batch, device=logits.device), length][:, None]
     last = exact(None, ids[:, :0], last_rows, temperature=temperature, top_k=parameters[1],
                  top_p=parameters[2], min_p=parameters[3], processing_order=order, seed=seed,
                  offset=offset, vocab_start=shard.start, vocab_size=shard.vocab,
                  group=shard.group)[0][:, 0]
-    position = torch.arange(rows, device=logits.device)
-    padded = torch.cat([draft_token_ids.int(), torch.full_like(draft_token_ids[:, :1], -1).int()],
-                       dim=1)
-    output = torch.where(position < length[:, None], padded,
-                         torch.where(position == length[:, None], last[:, None], -1))
-    accepted_num.add_(kept.sum(dim=-1).to(accepted_num.dtype))
-    emitted_num.add_(length.to(emitted_num.dtype))
-    return output.int()
+    return lossy_outputs(draft_token_ids, kept, last, accepted_num, emitted_num)

@@ -63,3 +63,29 @@ def rate_passes(seed: torch.Tensor, offset: torch.Tensor, batch: int, vocab: int
     (core/sampling/slots.py) lies below the rate."""
     slots = torch.tensor([coin_slot(vocab, j) for j in range(drafts)], dtype=torch.int64)
     return uniforms_at(seed, offset, batch, slots) < acceptance_rate
+
+
+def last_token_rows(kept, drafting, temperature, typical: bool):
+    """(each request's drafts emitted (B,): the row its last token comes from; the temperature
+    each request draws it at: 0 (the argmax) where typical acceptance rejected a draft, the
+    request's own otherwise), from the drafts kept (B, N) and the drafts given (B, N)."""
+    length = kept.int().cumprod(dim=-1).sum(dim=-1)
+    temperature = temperature.expand(kept.shape[0])
+    if typical:
+        rejected = length < drafting.sum(dim=-1)
+        temperature = torch.where(rejected, torch.zeros_like(temperature), temperature)
+    return length, temperature
+
+
+def lossy_outputs(draft_token_ids, kept, last, accepted_num, emitted_num) -> torch.Tensor:
+    """A chain's output row under a lossy rule: the drafts (B, N) up to the first one not
+    ``kept`` (B, N), then ``last`` (B,), then -1: (B, N + 1) int32; the counters added to in place
+    (accepted: every draft kept, each judged on its own; emitted: the drafts emitted)."""
+    length = kept.int().cumprod(dim=-1).sum(dim=-1)
+    position = torch.arange(draft_token_ids.shape[1] + 1, device=draft_token_ids.device)
+    padded = torch.nn.functional.pad(draft_token_ids.int(), (0, 1), value=-1)
+    output = torch.where(position < length[:, None], padded,
+                         torch.where(position == length[:, None], last.int()[:, None], -1))
+    accepted_num.add_(kept.sum(dim=-1).to(accepted_num.dtype))
+    emitted_num.add_(length.to(emitted_num.dtype))
+    return output.int()

@@ -12,17 +12,25 @@ from .rule import LN2
 from .tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, token_logprobs
 
 
-@in_inference_mode
-def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                       processing_order="vllm"):
-    """``reference.token_logprobs_reference``'s outputs."""
+def _kept(logits, temperature, top_k, top_p, min_p, processing_order):
+    """The rule's quantities of requests' rows (B, P, V): (each row's parameters, the rows
+    (R, V), their float32 logits x with invalid ones -inf, peaks (R, 1), weights e, kept tokens)."""
     batch, positions, vocab = logits.shape
     params = [rule.per_row(value, batch, positions) for value in (temperature, top_k, top_p,
                                                                   min_p)]
     rows = logits.reshape(batch * positions, vocab)
     valid, e, keep = cpu.kept_weights(rows, *params, rule.ORDERS[processing_order])
     x = torch.where(valid, rows.float(), -torch.inf)
-    peak = x.amax(dim=-1, keepdim=True)
+    return params, rows, x, x.amax(dim=-1, keepdim=True), e, keep
+
+
+@in_inference_mode
+def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+                       processing_order="vllm"):
+    """``reference.token_logprobs_reference``'s outputs."""
+    batch, positions, vocab = logits.shape
+    params, rows, x, peak, e, keep = _kept(logits, temperature, top_k, top_p, min_p,
+                                           processing_order)
     index = x.argmax(dim=-1, keepdim=True)  # the first index of the largest
     t = params[0][:, None]
     mode = torch.where(t == 0, GREEDY, SAMPLED)
@@ -40,12 +48,8 @@ def row_entropy_cpu(logits, temperature, top_k, top_p, min_p, processing_order="
     """``rule.row_entropy_reference``: H = ln W - ln 2 * sum (e / W) t over the kept tokens, t =
     (x - m) c the base-2 log of the weight e (a weight that underflows adds nothing)."""
     batch, positions, vocab = logits.shape
-    params = [rule.per_row(value, batch, positions) for value in (temperature, top_k, top_p,
-                                                                  min_p)]
-    rows = logits.reshape(batch * positions, vocab)
-    valid, e, keep = cpu.kept_weights(rows, *params, rule.ORDERS[processing_order])
-    x = torch.where(valid, rows.float(), -torch.inf)
-    peak = x.amax(dim=-1, keepdim=True)
+    params, rows, x, peak, e, keep = _kept(logits, temperature, top_k, top_p, min_p,
+                                           processing_order)
     mass = rule.kept_mass(e, keep)
     t = (x - peak) * (rule.LOG2E / params[0].float()[:, None])
     weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
