@@ -281,7 +281,8 @@ def test_opcheck():
     torch.library.opcheck(row_entropy_op, (logits.view(6, 2, V), t[::2], k[::2], p[::2], m[::2]))
 
 
-def test_compiled_equals_eager():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_equals_eager(backend):
     target, ids, bias, allowed, counts, prompt = step_inputs()
 
     def call(target, ids, bias, counts):
@@ -291,6 +292,6 @@ def test_compiled_equals_eager():
 
     args = (target, ids, bias, counts)
     torch._dynamo.reset()
-    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(call, backend=backend, fullgraph=True)
     got, want = compiled(*args), call(*args)
     assert len(got) == 6 and all(map(torch.equal, got, want))

@@ -177,7 +177,8 @@ def test_the_arguments_are_checked_by_name(kwargs, fragment):
             function(*args, seed=1, **kwargs)
 
 
-def test_compiled_equals_eager():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_equals_eager(backend):
     logits, ids = inputs(seed=6)
 
     def run(logits, ids):
@@ -186,7 +187,7 @@ def test_compiled_equals_eager():
         return typical + rate
 
     torch._dynamo.reset()
-    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(run, backend=backend, fullgraph=True)
     assert all(map(torch.equal, compiled(logits, ids), run(logits, ids)))
 
 
@@ -285,3 +286,14 @@ def test_tree_arguments_are_checked_by_name():
         with pytest.raises(ValueError, match=fragment):
             specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, seed=1,
                                                           **kwargs)
+
+
+@pytest.mark.interpreter
+def test_tree_triton_path_gives_the_torch_paths_tokens(monkeypatch):
+    logits, ids, parents = tree_inputs(seed=10, batch=2, vocab=300)
+    args = dict(seed=torch.arange(2), acceptance="typical", posterior_alpha=0.9,
+                temperature=torch.tensor([0.8, 1.0]))
+    want = specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, **args)
+    monkeypatch.setenv("SPECOPS_BACKEND", "triton")
+    got = specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, **args)
+    assert all(map(torch.equal, got, want))
