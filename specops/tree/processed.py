@@ -45,7 +45,7 @@ def tree_generated(counts, draft_token_ids, parents) -> torch.Tensor:
     out = counts.long()[:, None, :].repeat(1, num_nodes + 1, 1)
     request = torch.arange(batch, device=ids.device)
     for i in range(num_nodes):  # a parent comes before its children
-        token = torch.nn.functional.one_hot(ids[:, i].clamp(0, vocab - 1), vocab)
         valid = (ids[:, i] >= 0) & (ids[:, i] < vocab)
-        out[:, i + 1] = out[request, given[:, i].clamp(0, i)] + token * valid[:, None]
+        out[:, i + 1] = out[request, given[:, i].clamp(0, i)]
+        out[request, i + 1, ids[:, i].clamp(0, vocab - 1)] += valid.long()  # its own token
     return out
