@@ -50,8 +50,9 @@ def warmup(
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
     with a logit bias, a grammar mask or a penalty the kernels read float32 copies of the rows, so
     include ``torch.float32``; logprobs and typical acceptance's entropy pass are loaded with
-    them, and lossy acceptance draws its last token through the chain of no drafts: include 0 in
-    ``num_draft``), False for ``chain_speculative_sampling``.  For "tree",
+    them, and lossy acceptance draws its last token through the chain of no drafts, or the tree
+    of one node: include 0 in ``num_draft``, and 1 for "tree"), False for
+    ``chain_speculative_sampling``.  For "tree",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply

@@ -52,10 +52,15 @@ class _Job:
         self.result = self.error = None
 
 
+_stopped = threading.Event()
+
+
 def _work() -> None:
     while True:
         key, job = _queue.get()
         try:
+            if _stopped.is_set():
+                raise RuntimeError("the session ended before this compile worker ran")
             job.result = _run(*key)
         except BaseException as error:  # raised where the result is asked for
             job.error = error
@@ -74,7 +79,8 @@ def prefetch(worker: str, *argv: str) -> None:
 
 
 def stop() -> None:
-    """Kill the worker running in the background, if any (the session is over)."""
+    """The session is over: start no queued worker, kill the one running."""
+    _stopped.set()
     for proc in list(_running):
         proc.kill()
 

@@ -11,12 +11,14 @@ take the core the rest of the suite leaves idle.
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected: only the selected modules
 def pytest_collection_modifyitems(session, config, items):
     if config.option.collectonly:
         return

@@ -426,6 +426,15 @@ def bad_inputs(rank, world):
             heavy[1, 0, start:end] *= 3
         attempt("validate mass", lambda: sd.chain_speculative_sampling(
             None, legal, heavy[..., start:end], seed=0, vocab_start=start))
+    attempt("empty batch, logprobs", lambda: sd.chain_speculative_sampling_from_logits(
+        None, ids[:0], target[:0, :, start:end], draft_logits=draft[:0, :, start:end],
+        draft_top_k=5, logprobs="processed", num_top_logprobs=2, acceptance="typical", seed=0,
+        vocab_start=start))
+    # The same target parameters in two forms, with the draft's own top-k: the same searches.
+    attempt("top_k in two forms, draft_top_k", lambda: sd.chain_speculative_sampling_from_logits(
+        None, ids, target[..., start:end].log(), draft_logits=draft[..., start:end].log(),
+        top_k=0 if rank == 0 else torch.tensor([0]), draft_top_k=5, logprobs="processed",
+        acceptance="typical", seed=0, vocab_start=start))
     attempt("empty batch", lambda: sd.chain_speculative_sampling_from_logits(
         None, ids[:0], target[:0, :, start:end], top_k=torch.tensor([3]), top_p=0.5, seed=0,
         verification="block", vocab_start=start))

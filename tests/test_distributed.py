@@ -124,6 +124,13 @@ def test_refusals_come_at_once_not_after_a_timeout(two):
 
 def test_an_empty_batch_runs(two):
     assert messages(two, "empty batch") == [None, None]
+    assert messages(two, "empty batch, logprobs") == [None, None]
+
+
+def test_searches_follow_the_draft_parameters_too(two):
+    """A target parameter given as 0 on one rank and as a tensor holding 0 on another, with the
+    draft's own top-k: every rank makes the same searches (no collective mismatch)."""
+    assert messages(two, "top_k in two forms, draft_top_k") == [None, None]
 
 
 @pytest.mark.parametrize("case, argument", [
@@ -188,6 +195,15 @@ def test_ranks_given_other_seeds_offsets_or_draft_ids_raise_the_same_error(two, 
                                   "same parameters in other forms, logits"])
 def test_ranks_given_the_same_seeds_offsets_and_draft_ids_in_other_forms_run(two, case):
     assert messages(two, case) == [None, None]
+
+
+def test_the_layout_record_is_the_size_the_docs_give():
+    from pathlib import Path
+
+    from specops.distributed.comm import Record
+
+    api = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    assert f"| all_gather of the layout | {len(Record._fields)} int64 |" in api
 
 
 def test_fingerprints_tell_apart_what_plain_sums_confuse():

@@ -369,6 +369,8 @@ def chain_speculative_sampling_from_logits(
                                   logprobs, num_top_logprobs)
 
     def finish(shard, a):
+        # Checks against the exchanged vocabulary, the same on every rank, before any work.
+        check_num_top("num_top_logprobs", num_top_logprobs, shard.vocab)
         step = _cut_step(a["step"], shard.width)
         if step.allowed_token_bitmask is not None:  # the same W and V on every rank
             needed = step_arguments.words(shard.vocab)
@@ -382,10 +384,12 @@ def chain_speculative_sampling_from_logits(
                 shard, chain_speculative_sampling_from_logits,
                 adjusted_shard(shard, _cut(target_logits, shard.width), step, draft_token_ids),
                 draft_token_ids, a["accepted"], a["emitted"], a["seed"], a["offset"],
-                parameters[:4], _searches(top_k, top_p), ORDERS[processing_order],
+                parameters[:4], _searches(top_k, top_p, draft_top_k, draft_top_p),
+                ORDERS[processing_order],
                 processing_order, posterior_threshold, posterior_alpha, acceptance_rate)
             return (output, a["accepted"], a["emitted"]) + _shard_logprobs(
-                shard, output, step, parameters[:4], _searches(top_k, top_p))
+                shard, output, step, parameters[:4],
+                _searches(top_k, top_p, draft_top_k, draft_top_p))
         draft, target = processed_inputs(
             shard, _cut(draft_probs, shard.width), _cut(target_logits, shard.width),
             _cut(draft_logits, shard.width), *parameters[:4],
@@ -394,14 +398,14 @@ def chain_speculative_sampling_from_logits(
         output = VERIFIERS[verification](shard, draft, draft_token_ids, target, a["accepted"],
                                          a["emitted"], a["seed"], a["offset"])
         return (output, a["accepted"], a["emitted"]) + _shard_logprobs(
-            shard, output, step, parameters[:4], _searches(top_k, top_p))
+            shard, output, step, parameters[:4],
+                _searches(top_k, top_p, draft_top_k, draft_top_p))
 
     def _shard_logprobs(shard, output, step, parameters, searches):
         """The outputs' logprobs (and top tokens), as ``specops.chain_speculative_sampling_
         from_logits`` gives them, over every rank."""
         if logprobs is None:
             return ()
-        check_num_top("num_top_logprobs", num_top_logprobs, shard.vocab)  # the same V everywhere
         rows = _cut(target_logits, shard.width)
         if logprobs == "processed":
             rows = adjusted_shard(shard, rows, step, draft_token_ids)

@@ -167,8 +167,8 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     global_ids = torch.nn.functional.pad(candidates + shard.start, (0, num_top - fewer), value=-1)
     every = all_gather(torch.stack([values.double(), global_ids.double()]), shard.group)
     values, global_ids = every[:, 0].permute(1, 0, 2), every[:, 1].permute(1, 0, 2)
-    best = values.reshape(values.shape[0], -1).topk(num_top, dim=-1)
-    top_ids = global_ids.reshape(values.shape[0], -1).gather(1, best.indices).long()
+    best = values.flatten(1).topk(num_top, dim=-1)  # (R, world * num_top): every candidate
+    top_ids = global_ids.flatten(1).gather(1, best.indices).long()
     has = (best.values > -torch.inf) & (ids >= 0)[:, None] & (ids < shard.vocab)[:, None]
     return (logprobs, torch.where(has, top_ids, -1).int(),
             torch.where(has, best.values, -torch.inf).float())

@@ -61,7 +61,8 @@ def rate_passes(seed: torch.Tensor, offset: torch.Tensor, batch: int, vocab: int
                 acceptance_rate: float) -> torch.Tensor:
     """(B, drafts) bool: draft j kept where the token rule's acceptance coin of position j
     (core/sampling/slots.py) lies below the rate."""
-    slots = torch.tensor([coin_slot(vocab, j) for j in range(drafts)], dtype=torch.int64)
+    # Built on the seed's device: no host-to-device copy (none may happen under graph capture).
+    slots = coin_slot(vocab, 0) + 2 * torch.arange(drafts, dtype=torch.int64, device=seed.device)
     return uniforms_at(seed, offset, batch, slots) < acceptance_rate
 
 

@@ -27,7 +27,7 @@ def _kept(logits, temperature, top_k, top_p, min_p, processing_order):
 @in_inference_mode
 def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
                        processing_order="vllm"):
-    """``reference.token_logprobs_reference``'s outputs."""
+    """``rule.token_logprobs_reference``'s outputs."""
     batch, positions, vocab = logits.shape
     params, rows, x, peak, e, keep = _kept(logits, temperature, top_k, top_p, min_p,
                                            processing_order)
@@ -37,7 +37,7 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
     mode = torch.where(rule.out_of_range(*params)[:, None] | (peak == -torch.inf), NO_MASS, mode)
     facts = RowFacts(mode, peak, rule.LOG2E / t.float(), rule.kept_mass(e, keep).log()[:, None],
                      index)
-    ranked = torch.where(keep, x, -torch.inf) if num_top else x
+    ranked = torch.where(keep, x, -torch.inf) if num_top else None
     result = token_logprobs(rows, facts, token_ids, num_top,
                             lambda ids, _: keep.gather(1, ids), ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)

@@ -10,7 +10,9 @@ from ..sampling.values_triton import SAMPLED, STATS, load_stats, processed
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-@triton.jit
+# Specialised on the row addressing only (the logits pointer, V and the row strides), as the
+# statistics kernel: no number of rows compiles another kernel.
+@triton.jit(do_not_specialize=["stats_ptr", "out_ptr", "positions"])
 def row_entropy_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1
     stats_ptr,  # (B * positions, STATS) float64: the rows' statistics

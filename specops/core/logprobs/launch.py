@@ -22,7 +22,7 @@ ENTROPY = TritonKernel(row_entropy_kernel, **build_options(4))  # a row pass, as
 
 def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
                           processing_order="vllm"):
-    """``reference.token_logprobs_reference``'s outputs, from the rows' statistics."""
+    """``rule.token_logprobs_reference``'s outputs, from the rows' statistics."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
     batch, positions, vocab = logits.shape
     stats = row_statistics(logits, temperature, top_k, top_p, min_p,
@@ -35,8 +35,10 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
         return ((peak.float() - x).view(torch.int32).long() & 0xFFFFFFFF) < limit
 
     rows = logits.reshape(batch * positions, vocab)
-    x = rows.float()
-    ranked = torch.where(torch.isfinite(x), x, -torch.inf) if num_top else x
+    ranked = None
+    if num_top:  # the top tokens: one topk pass over the rows, NaN and infinities as -inf
+        x = rows.float()
+        ranked = torch.where(torch.isfinite(x), x, -torch.inf)
     result = token_logprobs(rows, facts, token_ids, num_top, kept, ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
 

@@ -1,6 +1,6 @@
 """Each wanted token's logprob from its logit and its row's quantities, by torch operations on
 (R, K) values: what the CPU backend and the Triton launcher share (the reference computes whole
-rows instead, ``reference.py``). No processed row is written."""
+rows instead, ``rule.py``). No processed row is written."""
 
 from __future__ import annotations
 
@@ -43,11 +43,14 @@ def at_tokens(rows: torch.Tensor, facts: RowFacts, ids: torch.Tensor,
 
 def token_logprobs(rows, facts: RowFacts, token_ids, num_top: int, kept, ranked):
     """(logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top)) of rows of logits
-    (R, V) and their tokens (R,). ``ranked``: (R, V) float32 whose num_top largest are each row's
-    most likely tokens (the kept logits come first: a row keeps its largest logits, the weights
+    (R, V) and their tokens (R,). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top
+    largest are each row's most likely tokens (the kept logits come first: a row keeps its largest logits, the weights
     growing with the logit)."""
     ids = token_ids.reshape(-1, 1).long()
     logprobs = at_tokens(rows, facts, ids, kept)[:, 0]
+    if not num_top:
+        empty = torch.zeros(rows.shape[0], 0, device=rows.device)
+        return logprobs, empty.int(), empty
     top = ranked.topk(num_top, dim=-1).indices
     top_logprobs = at_tokens(rows, facts, top, kept)
     # A greedy row's one token is its own index, whichever of equal logits topk chose.
