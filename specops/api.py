@@ -248,6 +248,7 @@ def tree_speculative_sampling(
     target_probs: torch.Tensor,
     *,
     with_replacement: bool = True,
+    verification: str = "token",
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -271,6 +272,10 @@ def tree_speculative_sampling(
             root to node i.
         with_replacement: the children of a node were drawn independently from its draft row
             (True) or without replacement (False); ignored without draft_probs.
+        verification: "token" (node by node from the root) or "traversal" (Weng et al. 2025:
+            from the leaves, each path judged as a whole; exact for the same trees, and keeps
+            more with draft probabilities; target-only it is the token rule, which no exact rule
+            beats there).
         generator: draws (seed, offset) when ``seed`` is None (default: the device's generator).
         seed: int, or int64 tensor of 1 or B elements (per-request seeds: batch invariance).
         offset: int, or int64 tensor of 1 or B elements; default 0 (or drawn, when seed is None).
@@ -285,8 +290,10 @@ def tree_speculative_sampling(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     _tree_arguments.check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed_t,
                                     offset_t, with_replacement)
+    _tree_arguments.check_verification(verification)
     return _tree_op.tree_speculative_sampling_op(draft_probs, draft_token_ids, parents,
-                                                 target_probs, seed_t, offset_t, with_replacement)
+                                                 target_probs, seed_t, offset_t, with_replacement,
+                                                 verification)
 
 
 def tree_speculative_sampling_from_logits(
@@ -319,6 +326,7 @@ def tree_speculative_sampling_from_logits(
     posterior_alpha: Optional[float] = None,
     acceptance_rate: Optional[float] = None,
     with_replacement: bool = True,
+    verification: str = "token",
     generator: Optional[torch.Generator] = None,
     seed: SeedLike = None,
     offset: SeedLike = None,
@@ -354,7 +362,9 @@ def tree_speculative_sampling_from_logits(
         acceptance, posterior_threshold, posterior_alpha, acceptance_rate: LOSSY acceptance, as
             in ``chain_speculative_sampling_from_logits`` (docs/semantics.md, "Lossy
             acceptance"): the path to the deepest node whose path passes the rule's test.
-        with_replacement, generator, seed, offset: as in ``tree_speculative_sampling``.
+        with_replacement, verification, generator, seed, offset: as in
+            ``tree_speculative_sampling`` (verification="traversal" with the exact acceptance
+            only).
 
     Returns:
         (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), all int32, as
@@ -372,9 +382,13 @@ def tree_speculative_sampling_from_logits(
                          prompt_token_mask)
     _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
                             seed_t, offset_t, *target, with_replacement, *draft, *step,
-                            processing_order)
+                            processing_order, verification)
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     if check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate):
+        if verification != "token":
+            raise ValueError(f'verification={verification!r} takes the exact acceptance only: '
+                             f'lossy acceptance ({acceptance!r}, or acceptance_rate) judges each '
+                             f'path by its own rule; pass verification="token"')
         adjusted = step.adjusted(target_logits, lambda counts: tree_generated(
             counts, draft_token_ids, parents))
         output, nodes, emitted = lossy_tree(
@@ -384,7 +398,7 @@ def tree_speculative_sampling_from_logits(
     else:
         output, nodes, emitted = _tree_op.tree_speculative_sampling_from_logits_op(
             draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,
-            *target, with_replacement, *draft, *step, processing_order)
+            *target, with_replacement, *draft, *step, processing_order, verification)
     return (output, nodes, emitted) + tree_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, parents, output, nodes,
         target, step, processing_order)

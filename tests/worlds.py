@@ -29,3 +29,17 @@ def joint_pvalue(tokens: torch.Tensor, rows: torch.Tensor) -> float:
     for t in range(1, length):
         expected = torch.outer(rows[t], expected).flatten()  # index = tok_0 + V tok_1 + ...
     return chi2_pvalue(counts, expected)
+
+
+def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Chi-square p-value that two samples' counts over the same categories (a, b) come from one
+    distribution (a 2 x K contingency table; categories neither sample reached are dropped)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    seen = (a + b) > 0
+    a, b = a[seen], b[seen]
+    if a.numel() < 2:
+        return 1.0
+    pooled = (a + b) / (a.sum() + b.sum())
+    stat = sum(((x - x.sum() * pooled) ** 2 / (x.sum() * pooled)).sum() for x in (a, b))
+    dof = torch.tensor((a.numel() - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))

@@ -103,6 +103,17 @@ def _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, se
             f"with_replacement must be a bool; got {type(with_replacement).__name__}")
 
 
+VERIFICATIONS = ("token", "traversal")
+
+
+def check_verification(verification) -> None:
+    """``verification``: one of VERIFICATIONS (docs/tree.md, "Traversal verification")."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f'verification must be "token" (node by node from the root) or '
+                         f'"traversal" (from the leaves, judging whole paths); got '
+                         f"{verification!r}")
+
+
 def present_nodes(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
     """(B, M + 1) bool: the root (column 0) and every present node (docs/tree.md, "Tree
     verification", rule 1)."""

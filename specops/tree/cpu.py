@@ -21,6 +21,7 @@ from ..core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in
 from ..core.sampling.sums import exact_total
 from ..core.logits import cpu as logits_cpu, rule
 from . import reference, slots
+from .traversal import reference as traversal
 from .processed import on_processed_rows
 
 # PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.
@@ -108,8 +109,12 @@ def tree_speculative_sampling_cpu(
     seed: torch.Tensor,
     offset: torch.Tensor,
     with_replacement: bool = True,
+    verification: str = "token",
 ):
     """``reference.tree_speculative_sampling_reference`` for CPU tensors, faster."""
+    if verification == "traversal" and draft_probs is not None:
+        return traversal.verify(draft_probs, draft_token_ids, parents, target_probs, seed,
+                                offset, with_replacement, _subset_masses, _all_done, _draw_token)
     return reference.verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                             with_replacement, STEPS)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
+from ..core.logits.rule import optional_arguments
 from ..core.ops.checks import device_error, dtype_error, dtype_name, require_tensor, shape
 from . import arguments
 
@@ -15,8 +16,16 @@ SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_logits, "
     "Tensor? draft_logits, Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, "
     "Tensor top_p, Tensor min_p, bool with_replacement=True, "
-    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> (Tensor, Tensor, Tensor)"
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}, str verification=\"token\") "
+    "-> (Tensor, Tensor, Tensor)"
 )
+
+
+def verification_of(rest: tuple) -> str:
+    """The ``verification`` among the op's arguments after with_replacement (the last; the
+    dispatcher may leave it out at its default)."""
+    trailing = optional_arguments(rest)[3]
+    return trailing[0] if trailing else "token"
 
 
 def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
@@ -45,6 +54,7 @@ def check(draft_probs, draft_token_ids, parents, target_logits, draft_logits, se
             raise device_error(name, draft, target_logits.device, "target_logits")
     draft_parameters, given, order = step.split_trailing((None,) * 4 + rest)
     step.check_order(order)
+    arguments.check_verification(verification_of(rest))
     parameters = params.named(temperature, top_k, top_p, min_p, *draft_parameters[4:])
     params.check_parameters(parameters, target_logits.shape[0], target_logits.device,
                             "target_logits")

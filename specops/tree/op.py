@@ -7,7 +7,7 @@ import torch
 
 from ..core.ops.registry import Backends, imported_on_first_use, register_op
 from . import from_logits
-from .arguments import check_arguments, check_values
+from .arguments import check_arguments, check_values, check_verification
 from .cpu import tree_speculative_sampling_cpu, tree_speculative_sampling_from_logits_cpu
 from .reference import (tree_speculative_sampling_from_logits_reference,
                         tree_speculative_sampling_reference)
@@ -15,16 +15,18 @@ from .reference import (tree_speculative_sampling_from_logits_reference,
 # Spelled out rather than inferred, so that the schema names its arguments as docs/api.md does.
 SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_probs, "
-    "Tensor seed, Tensor offset, bool with_replacement=True) -> (Tensor, Tensor, Tensor)"
+    "Tensor seed, Tensor offset, bool with_replacement=True, str verification=\"token\") "
+    "-> (Tensor, Tensor, Tensor)"
 )
 
 _LAUNCH = f"{__package__}.launch"  # its Triton launchers, imported on first use
 
 
 def _check(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-           with_replacement=True):
+           with_replacement=True, verification="token"):
     check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                     with_replacement)
+    check_verification(verification)
 
 
 def _check_values(draft_probs, draft_token_ids, parents, target_probs, *rest):

@@ -17,7 +17,7 @@ def on_processed_rows(verify, process=rule.processed_requests):
     core/logits/rule.py, or a faster way to the same rows), then ``verify`` on them."""
     def backend(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
                 temperature, top_k, top_p, min_p, with_replacement=True, *rest):
-        draft_parameters, step, order, _ = rule.optional_arguments(rest)
+        draft_parameters, step, order, verification = rule.optional_arguments(rest)
         min_p_last = rule.ORDERS[order]
         parameters = (temperature, top_k, top_p, min_p)
         target_logits = step.adjusted(
@@ -29,7 +29,7 @@ def on_processed_rows(verify, process=rule.processed_requests):
         elif draft_probs is not None:
             draft_probs = draft_probs.float()  # the dtype of the processed target rows
         return verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
-                      with_replacement)
+                      with_replacement, *verification)
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend
