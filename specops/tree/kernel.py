@@ -27,7 +27,7 @@ from ..core.sampling.sums_triton import BIN_LANES, add_masses, to_float
 
 
 @triton.jit
-def _residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+def residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
                    GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over a node's row pair, GROUP chunks at a time: the exact mass of the residual
     R = relu(w_row p - q) (float64, as core/sampling/sums.py's exact_total of its float32 chunk masses) and
@@ -47,7 +47,7 @@ def _residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_h
 
 
 @triton.jit
-def _p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+def p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
             GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One pass over a node's target row: the best (key, chunk) of the p race."""
     p_key = tl.zeros([], tl.float64) + float("inf")
@@ -64,7 +64,7 @@ def _p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
 
 
 @triton.jit
-def _pick(values, lane, l):
+def pick(values, lane, l):
     """values[l] of a lane vector (exact: one nonzero term)."""
     return tl.sum(tl.where(lane == l, values, 0), axis=0)
 
@@ -142,7 +142,7 @@ def tree_speculative_sampling_kernel(
                 child = tl.min(tl.where(children & (lane > after), lane, BLOCK_M), axis=0)
                 judging = (child < BLOCK_M).to(tl.int32)
                 if child < BLOCK_M:
-                    x = _pick(token, lane, child)
+                    x = pick(token, lane, child)
                     px = sanitize(tl.load(row_p + x.to(tl.int64)))
                     qx = sanitize(tl.load(row_q + x.to(tl.int64)))
                     earlier = children & (lane < child) & (token == x)
@@ -169,7 +169,7 @@ def tree_speculative_sampling_kernel(
                                              scale / tl.where(remaining > 0, remaining, 1.0), 0.0)
                         rejections += 1
                         after = child
-                        mass, res_key, res_chunk, p_key, p_chunk = _residual_pass(
+                        mass, res_key, res_chunk, p_key, p_chunk = residual_pass(
                             row_p, row_q, weight.to(tl.float32), vocab, 1, stream,
                             off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
                         judging = (mass > 0).to(tl.int32)  # no mass: the rest are rejected
@@ -178,7 +178,7 @@ def tree_speculative_sampling_kernel(
         row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
         row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
         if rejections == 0:  # a node without children: p alone
-            p_key, p_chunk = _p_pass(row_p, vocab, 1, stream, off_lo, off_hi, key_lo,
+            p_key, p_chunk = p_pass(row_p, vocab, 1, stream, off_lo, off_hi, key_lo,
                                      key_hi, GROUP, CHUNK)  # draw 0's race slots (slots.py)
             res_key = no_race
         u_cdf = philox_uniform(0, stream, off_lo, off_hi, key_lo, key_hi)  # draw 0's
@@ -195,7 +195,7 @@ def tree_speculative_sampling_kernel(
             # the token is taken.
             row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
             slot0 = depth * draw_slots
-            p_key, p_chunk = _p_pass(row_p, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
+            p_key, p_chunk = p_pass(row_p, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
                                      key_hi, GROUP, CHUNK)
             u_cdf = philox_uniform(slot0, stream, off_lo, off_hi, key_lo, key_hi)
             drawn = race_token(row_p, row_p, no_race, p_chunk, p_chunk, vocab, 1.0,

@@ -32,10 +32,15 @@ def tree_speculative_sampling_triton(
     seed: torch.Tensor,
     offset: torch.Tensor,
     with_replacement: bool = True,
+    verification: str = "token",
 ):
     """Same contract as ``reference.tree_speculative_sampling_reference``. No host
     synchronisation; the outputs are its only allocations (safe on concurrent streams and in CUDA
     graphs)."""
+    if verification == "traversal" and draft_probs is not None:
+        from .traversal.launch import tree_traversal_triton  # it builds on this module
+        return tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, seed,
+                                     offset, with_replacement)
     batch, num_nodes = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device

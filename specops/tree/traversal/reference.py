@@ -86,7 +86,8 @@ def after_rejection(state: Nodes, weight: torch.Tensor, mass: torch.Tensor, q_x:
                          state.value / torch.where(first, 1.0, state.mass) + state.scale)
     total = factor * mass
     denominator = total + (1.0 - state.value)
-    value = torch.where(denominator > 0, total / denominator.clamp_min(1e-300), 0.0)
+    value = torch.where(denominator > 0, total / torch.where(denominator > 0, denominator, 1.0),
+                        0.0)
     scale = state.scale
     if not with_replacement:  # Q drops the rejected token: s / (1 - s q(x))
         remaining = 1.0 - state.scale * q_x.double()
