@@ -126,6 +126,19 @@ def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True
                               launch.KERNEL.options)
 
 
+def compile_traversal(prob, draft=True, ids="i64", parents="i64", block_m=16, aligned=True):
+    """The traversal kernel as its launcher would specialise it (it always reads draft rows)."""
+    from specops.tree import launch
+    from specops.tree.traversal import launch as traversal
+
+    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+             "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
+             "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
+    constexprs = {"BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
+    return compile_for_hopper(traversal.KERNEL.fn, types, constexprs, aligned,
+                              traversal.KERNEL.options)
+
+
 @functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing
 def disassemble(cubin: bytes) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
     """(label or '', instruction text, (source file, line) of it, innermost first, over its chain
@@ -282,7 +295,8 @@ def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, el
             "instructions_per_byte": per_byte, "issue_bound": issue_bound(per_byte)}
 
 
-COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree}
+COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": compile_tree,
+             "traversal": compile_traversal}
 
 
 def compile_statistics(prob, varlen=False):

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the tree kernel for Hopper (sm_90), no GPU needed (the approach of
+"""Ahead-of-time compilation of the tree kernel and the traversal kernel for Hopper (sm_90), no GPU needed (the approach of
 tests/test_triton_compile.py; tests/sass.py does the compiling and the reading): its
 row loops must read their rows with 16-byte loads only and stay within the instruction budget, and
 nothing may spill to local memory. Compiled in a subprocess without TRITON_INTERPRET (under the
@@ -41,7 +41,27 @@ print(json.dumps(out))
 '''
 
 
-COMPILE_JOBS = [(WORKER, json.dumps(SPECS))]  # conftest.py starts it ahead
+# The traversal kernel (always with draft rows): (probability dtype, aligned, ids, parents,
+# BLOCK_M).
+TRAVERSAL_SPECS = ([(prob, True, "i64", "i64", 16) for prob in PROB_DTYPES]
+                   + [("bf16", False, "i32", "i64", 16), ("fp32", True, "i32", "i32", 1024)])
+
+TRAVERSAL_WORKER = r'''
+import json, sys
+import sass  # tests/sass.py
+
+out = []
+for prob, aligned, ids, parents, block_m in json.loads(sys.argv[1]):
+    kernel = sass.compile_traversal(prob, True, ids, parents, block_m, aligned)
+    found = sass.compile_report(kernel, with_row_loops=True)
+    if aligned and block_m == 16:
+        found["budget"] = sass.budget(prob, True, kernel, "traversal")
+    out.append(found)
+print(json.dumps(out))
+'''
+
+COMPILE_JOBS = [(WORKER, json.dumps(SPECS)),  # conftest.py starts them ahead
+                (TRAVERSAL_WORKER, json.dumps(TRAVERSAL_SPECS))]
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +87,27 @@ def test_row_loops_use_16_byte_loads(compiled):
 def test_issue_bound_beats_the_goal(compiled):
     # 3 dtypes x (draft: p, residual read; None: p)
     assert_issue_bounds([row for res in compiled for row in res.get("budget", [])], 9)
+
+
+@pytest.fixture(scope="module")
+def traversal_compiled():
+    return run_worker(*COMPILE_JOBS[1])
+
+
+def test_traversal_kernel_has_no_spills(traversal_compiled):
+    for spec, res in zip(TRAVERSAL_SPECS, traversal_compiled):
+        assert_no_spills(res, spec)
+
+
+def test_traversal_row_loops_use_16_byte_loads(traversal_compiled):
+    for spec, res in zip(TRAVERSAL_SPECS, traversal_compiled):
+        # The residual loop (a rejection's pass) and the p loop (the draw where nothing was
+        # rejected).
+        assert set(res["row_loops"]) == {"p", "residual"}, res
+        if spec[1]:
+            assert_16_byte_row_loads(res, spec[0], spec)
+
+
+def test_traversal_issue_bound_beats_the_goal(traversal_compiled):
+    # 3 dtypes x (p, residual read)
+    assert_issue_bounds([row for res in traversal_compiled for row in res.get("budget", [])], 6)
