@@ -235,7 +235,7 @@ def call(argv: list[str], env: dict) -> int:
 
 def agreement(rehearse: bool, budget_s: float, env: dict) -> int:
     """Kernel-vs-reference tokens: 1e6 requests at V of 2-3 chunks, then 1e5 at large V, then
-    block verification's kernel, then the tree kernel; each run gets an equal share of what the
+    block verification's kernel, then the tree kernel, then the traversal kernel; each run gets an equal share of what the
     step has left."""
     script = str(HERE / "measure_agreement.py")
     device = "cpu" if rehearse else "cuda"
@@ -243,13 +243,17 @@ def agreement(rehearse: bool, budget_s: float, env: dict) -> int:
              ["--requests", "10", "--batch", "10", "--vocab", "1100", "1200",
               "--verification", "block"],
              ["--requests", "10", "--batch", "10", "--vocab", "1100", "1200",
-              "--verification", "tree"]] if rehearse else
+              "--verification", "tree"],
+             ["--requests", "10", "--batch", "10", "--vocab", "1100", "1200",
+              "--verification", "traversal"]] if rehearse else
             [["--requests", "1000000", "--batch", "20000", "--vocab", "1100", "3000"],
              ["--requests", "100000", "--batch", "1000", "--vocab", "32000", "151936"],
              ["--requests", "100000", "--batch", "2000", "--vocab", "1100", "32000",
               "--verification", "block"],
              ["--requests", "100000", "--batch", "2000", "--vocab", "1100", "32000",
-              "--verification", "tree"]])
+              "--verification", "tree"],
+             ["--requests", "100000", "--batch", "2000", "--vocab", "1100", "32000",
+              "--verification", "traversal"]])
     deadline = time.monotonic() + budget_s
     rc = 0
     for i, extra in enumerate(runs):

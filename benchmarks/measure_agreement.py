@@ -1,6 +1,7 @@
 """Kernel-vs-reference token agreement over many random requests, for token verification (the
-default), block verification (``--verification block``) or tree verification (``--verification
-tree``: random trees of 2-14 nodes, with or without draft probabilities and replacement).
+default), block verification (``--verification block``), tree verification (``--verification
+tree``: random trees of 2-14 nodes, with or without draft probabilities and replacement) or its
+traversal verification (``--verification traversal``: the same trees).
 
 The kernel and the reference sum chunk masses (float32) and in-chunk prefix sums (float64) in a
 different order, so a token can differ when two chunks' race keys lie within float32 rounding of
@@ -32,7 +33,8 @@ if __name__ == "__main__":
     _args.add_argument("--worker", type=int, default=0, help="seeds the inputs; use distinct values")
     _args.add_argument("--device", default="cpu", help="cpu (interpreter) or cuda")
     _args.add_argument("--vocab", type=int, nargs=2, default=(1100, 3000), help="V range")
-    _args.add_argument("--verification", choices=("token", "block", "tree"), default="token")
+    _args.add_argument("--verification", choices=("token", "block", "tree", "traversal"),
+                        default="token")
     _args.add_argument("--max-seconds", type=float, default=math.inf,
                        help="stop after the batch that passes this many seconds")
     ARGS = _args.parse_args()
@@ -111,12 +113,13 @@ def random_trees(gen, batch, device, vocab_range):
             bool(torch.rand(1, generator=gen) < 0.5))
 
 
-def tree_outputs(gen, batch, device, vocab_range):
-    """(vocabulary, dtype, the reference's outputs, the kernel's) of one batch of random trees."""
+def tree_outputs(gen, batch, device, vocab_range, rule="token"):
+    """(vocabulary, dtype, the reference's outputs, the kernel's) of one batch of random trees,
+    verified by ``rule`` (token or traversal verification)."""
     *inputs, with_replacement = random_trees(gen, batch, device, vocab_range)
     return (inputs[3].shape[-1], inputs[3].dtype,
-            [fn(*inputs, with_replacement) for fn in (tree_speculative_sampling_reference,
-                                                     tree_speculative_sampling_triton)])
+            [fn(*inputs, with_replacement, rule) for fn in (tree_speculative_sampling_reference,
+                                                           tree_speculative_sampling_triton)])
 
 
 def main(args) -> None:
@@ -125,8 +128,10 @@ def main(args) -> None:
     start = time.time()
     while done < args.requests and time.time() - start < args.max_seconds:
         batch = min(args.batch, args.requests - done)
-        if args.verification == "tree":
-            vocab, dtype, outs = tree_outputs(gen, batch, args.device, args.vocab)
+        if args.verification in ("tree", "traversal"):
+            vocab, dtype, outs = tree_outputs(gen, batch, args.device, args.vocab,
+                                              "token" if args.verification == "tree"
+                                              else "traversal")
         else:
             draft, ids, target, seed, offset = random_batch(gen, batch, args.device, args.vocab)
             vocab, dtype, outs = target.shape[-1], target.dtype, []

@@ -44,7 +44,8 @@ def warmup(
     length through next_pow2(N + 1) (pass every ``num_draft`` the loop uses, e.g. ``range(1, 8)``),
     the id and counter dtypes, and whether V and the rows are 16-byte aligned (so pass the model's
     real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification`` ("token",
-    "block", "tree", or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
+    "block", "tree", "traversal" for ``tree_speculative_sampling(..., verification="traversal")``,
+    or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
     (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
     draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
@@ -52,7 +53,7 @@ def warmup(
     include ``torch.float32``; logprobs and typical acceptance's entropy pass are loaded with
     them, and lossy acceptance draws its last token through the chain of no drafts, or the tree
     of one node: include 0 in ``num_draft``, and 1 for "tree"), False for
-    ``chain_speculative_sampling``.  For "tree",
+    ``chain_speculative_sampling``.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
@@ -74,7 +75,8 @@ def warmup(
     has_drafts = _members("draft_probs", _choices(draft_probs, bool), (True, False))
     ids_dtypes = _members("ids_dtype", _choices(ids_dtype, torch.dtype), INDEX_DTYPES)
     counter_dtypes = _members("counter_dtype", _choices(counter_dtype, torch.dtype), INDEX_DTYPES)
-    modes = _members("verification", _choices(verification, str), ("token", "block", "tree"))
+    modes = _members("verification", _choices(verification, str),
+                     ("token", "block", "tree", "traversal"))
     from_logits = _members("logits", _choices(logits, bool), (False, True))
     parents_dtypes = _members("parents_dtype", _choices(parents_dtype, torch.dtype), INDEX_DTYPES)
     layouts = _members("flattened", _choices(flattened, bool), (False, True))
@@ -104,7 +106,7 @@ def warmup(
     # tensors' device current for it.
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         count = 0
-        chains = [mode for mode in modes if mode != "tree"]
+        chains = [mode for mode in modes if mode in ("token", "block")]
         for mode, logit, dt, n, has_draft, ids_dt, counter_dt, flat in itertools.product(
                 chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes,
                 layouts):
@@ -133,26 +135,30 @@ def warmup(
             from .core.logprobs.launch import row_entropy_triton
             for dt in dtypes:
                 row_entropy_triton(torch.zeros(1, 1, vocab, dtype=dt, device=device), *parameters)
-        if "tree" in modes:  # no counters; parents of their own dtype; at least one node
-            for logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
-                    from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,
-                    parents_dtypes):
-                for source in sources[has_draft, logit]:
-                    target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
-                    # A row per node and the root.
-                    draft = torch.zeros_like(target) if source else None
-                    ids = torch.zeros(1, n, dtype=ids_dt, device=device)
-                    parents = torch.zeros(1, n, dtype=parents_dt, device=device)
-                    seed = torch.zeros(2, dtype=torch.int64, device=device)
-                    if logit:  # the statistics, the processed rows, the float32 tree kernel
-                        tree_speculative_sampling_from_logits_triton(
-                            draft if source == "probs" else None, ids, parents, target,
-                            draft if source == "logits" else None, seed[:1], seed[1:],
-                            *parameters)
-                    else:
-                        tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1],
-                                                         seed[1:])
-                    count += 1
+        # Trees: no counters; parents of their own dtype; at least one node. Traversal
+        # verification's kernel reads draft rows (target-only, the token rule's kernel serves it).
+        trees = [mode for mode in modes if mode in ("tree", "traversal")]
+        for mode, logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+                trees, from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,
+                parents_dtypes):
+            rule = "traversal" if mode == "traversal" else "token"
+            for source in sources[has_draft, logit]:
+                if mode == "traversal" and source is None:
+                    continue
+                target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+                draft = torch.zeros_like(target) if source else None  # a row per node, the root
+                ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+                parents = torch.zeros(1, n, dtype=parents_dt, device=device)
+                seed = torch.zeros(2, dtype=torch.int64, device=device)
+                if logit:  # the statistics, the processed rows, the float32 tree kernel
+                    tree_speculative_sampling_from_logits_triton(
+                        draft if source == "probs" else None, ids, parents, target,
+                        draft if source == "logits" else None, seed[:1], seed[1:],
+                        *parameters, True, *[None] * OPTIONAL, rule)
+                else:
+                    tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1],
+                                                     seed[1:], True, rule)
+                count += 1
         return count
 
 

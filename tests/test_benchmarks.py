@@ -120,8 +120,9 @@ def test_vocab_parallel_quick():
 
 
 def test_tree_verification_benchmark_quick():
-    """benchmarks/tree_verification.py on its smoke-test grid: every column filled, and the
-    tree keeps more characters per call than its chain."""
+    """benchmarks/tree_verification.py on its smoke-test grid: every column filled, the tree
+    keeps more characters per call than its chain with either rule, and the traversal section
+    reports both rules' tokens per call and the traversal op's time."""
     proc = run_script([str(BENCH / "tree_verification.py"), "--quick"], 300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("2 "))
@@ -131,6 +132,12 @@ def test_tree_verification_benchmark_quick():
     for line in gains:
         tree, chain = (float(x) for x in re.findall(r"(?:tree|chain) ([0-9.]+)", line))
         assert tree > chain and "lossless PASS" in line, line
+        assert float(re.search(r"traversal ([0-9.]+)", line).group(1)) > chain, line
+    # Traversal against token verification: both rules' tokens per call on the same trees.
+    worlds = [line.split() for line in proc.stdout.splitlines() if line.startswith("  full 2x2")]
+    assert len(worlds) == 2, proc.stdout
+    assert all(float(w[4]) >= 1 and float(w[5]) >= 1 for w in worlds), proc.stdout
+    assert "traversal/floor" in proc.stdout, proc.stdout
 
 
 def test_varlen_benchmark_runs():

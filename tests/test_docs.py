@@ -197,10 +197,13 @@ def test_demo_tree_reports_against_the_chain_and_is_lossless(children):
     out = run(["-m", "specops.demo", "--tree", "2x3", "--tree-children", children,
                "--batch-size", "64", "--length", "160", "--seed", "1"], 120)
     tree = float(re.search(r"characters per target call +([0-9.]+)", out).group(1))
+    traversal = float(re.search(r"with traversal verification +([0-9.]+)", out).group(1))
     chain = float(re.search(r"the chain of the same depth +([0-9.]+)", out).group(1))
     assert "a full tree of 2x3 (14 draft characters" in out and "N = 3" in out, out
-    assert tree > chain, out
-    assert "lossless check               PASS" in out, out
+    assert tree > chain and traversal > chain, out
+    if children == "top-k":  # target-only, from the same random state: the rules are one
+        assert traversal == tree, out
+    assert "lossless check               PASS" in out and "traversal (specops)" in out, out
 
 
 @pytest.mark.parametrize("args,message", [

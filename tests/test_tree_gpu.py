@@ -80,3 +80,51 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(step, fullgraph=True)
     assert all(torch.equal(a, b) for a, b in zip(compiled(q, d, par, p), step(q, d, par, p)))
+
+
+# Traversal verification's kernel (docs/tree.md, "Traversal verification").
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_traversal_opcheck_cuda(replacement):
+    q, d, par, p = tree_inputs(4, 14, 5000, parents=full_tree(2, 3))
+    seed, offset = seeds(4, True)
+    torch.library.opcheck(OP.default, (q, d, par, p, seed, offset, replacement, "traversal"))
+
+
+@pytest.mark.parametrize("batch,num_nodes,vocab,dtype,replacement", [
+    (1, 30, 128256, torch.bfloat16, True), (64, 14, 32000, torch.float32, False),
+    (600, 6, 4097, torch.float16, True),
+])
+def test_traversal_matches_reference_large(batch, num_nodes, vocab, dtype, replacement):
+    from specops.tree.traversal import reference
+    from specops.tree.traversal.launch import tree_traversal_triton
+
+    q, d, par, p = tree_inputs(batch, num_nodes, vocab, dtype=dtype, sharp=1.0)
+    seed, offset = seeds(batch, True)
+    expected = reference.verify(q, d, par, p, seed, offset, replacement)
+    got = tree_traversal_triton(q, d, par, p, seed, offset, replacement)
+    differ = torch.zeros(batch, dtype=torch.bool, device=p.device)
+    for e, g in zip(expected, got):
+        differ |= (e != g).reshape(batch, -1).any(dim=1)
+    assert int(differ.sum()) <= max(1, batch // 100)  # float32 race-key ties: rare
+
+
+def test_traversal_cuda_graph_capture_and_replay():
+    from specops.tree.traversal import reference
+
+    q, d, par, p = tree_inputs(16, 14, 32000, dtype=torch.bfloat16, parents=full_tree(2, 3),
+                               sharp=1.0)
+    seed = torch.tensor([11], device="cuda")
+    offset = torch.tensor([0], device="cuda")
+
+    def step():
+        return OP(q, d, par, p, seed, offset, False, "traversal")
+
+    warm_up(step)
+    graph, out = capture(step)
+    for new_offset in (0, 1, 2):
+        offset.fill_(new_offset)
+        graph.replay()
+        expected = reference.verify(q, d, par, p, seed, offset, False)
+        assert all(torch.equal(a, b) for a, b in zip(out, expected))

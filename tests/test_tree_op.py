@@ -67,7 +67,7 @@ class TestExpected(expecttest.TestCase):
     def test_schema(self):
         self.assertExpectedInline(
             str(OP.default._schema),
-            """specops::tree_speculative_sampling(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_probs, Tensor seed, Tensor offset, bool with_replacement=True) -> (Tensor, Tensor, Tensor)""",
+            """specops::tree_speculative_sampling(Tensor? draft_probs, Tensor draft_token_ids, Tensor parents, Tensor target_probs, Tensor seed, Tensor offset, bool with_replacement=True, str verification="token") -> (Tensor, Tensor, Tensor)""",
         )
         assert SCHEMA.lstrip("(").split(") ->")[0] in str(OP.default._schema)
 

@@ -13,7 +13,11 @@ CPU, where compiling these small steps makes them slower):
 With ``--tree WIDTHxDEPTH`` the speculative loop proposes a full tree instead (every node WIDTH
 children, DEPTH levels; the children drawn from the draft model, with or without replacement, or
 its top-k, verified target-only: ``--tree-children``), specops.tree_speculative_sampling verifies
-it, and the chain of the same depth runs too, for comparison. The comparison is on the models'
+it, and the chain of the same depth runs too, for comparison. The tree loop runs twice from the same
+seed: with token verification (node by node from the root) and with traversal verification (from
+the leaves, whole paths judged: docs/tree.md), each checked for losslessness. Traversal keeps more
+when the children were drawn from the draft; with top-k children (target-only) the two rules are
+one. The comparison is on the models'
 probabilities as they are, so the sampling parameters keep their defaults with ``--tree``
 (specops.tree_speculative_sampling_from_logits takes them; children drawn without replacement
 from a truncated draft row would need more care than a demo gives them).
@@ -190,7 +194,8 @@ class Decoder:
                  greedy: bool = False):
         self.models = models
         self.sampling = sampling
-        self.verification = verification  # "token" or "block" (docs/block.md)
+        # Chains: "token" or "block" (docs/block.md); trees: "token" or "traversal" (docs/tree.md).
+        self.verification = verification
         self.tree = tree  # (width, depth) for tree_step
         self.tree_children = tree_children
         self.greedy = greedy  # chain drafts: the draft's argmax, verified as one-hot drafts
@@ -286,7 +291,7 @@ class Decoder:
         draft_probs = None if self.tree_children == "top-k" else torch.cat(draft_rows, dim=1)
         output, _, emitted = specops.tree_speculative_sampling(
             draft_probs, torch.cat(tokens, dim=1), self.parents, target_probs,
-            with_replacement=self.tree_children == "sampled")
+            with_replacement=self.tree_children == "sampled", verification=self.verification)
         output = output[:, : depth + 1].long()  # a path has at most depth drafts
         self._append(output, (output >= 0).sum(dim=1))
         self.emitted.add_(emitted)  # every row, as the chain op's counter counts
@@ -472,9 +477,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="judge each draft alone (token) or the drafts as a block (docs/block.md)")
     parser.add_argument("--tree", type=tree_arg, metavar="WIDTHxDEPTH",
                         help="propose a full tree (WIDTH children per node, DEPTH levels) and "
-                             "verify it with specops.tree_speculative_sampling, beside the chain "
-                             "of N = DEPTH drafts (--draft-len does not apply; the sampling "
-                             "parameters keep their defaults)")
+                             "verify it with specops.tree_speculative_sampling, with token and "
+                             "with traversal verification, beside the chain of N = DEPTH drafts "
+                             "(--draft-len does not apply; the sampling parameters keep their "
+                             "defaults)")
     parser.add_argument("--tree-children", choices=TREE_CHILDREN, default="sampled",
                         help="a tree's children: drawn from the draft model i.i.d. (sampled) or "
                              "without replacement (distinct), both verified with the draft "
@@ -528,20 +534,33 @@ def main(argv=None) -> dict:
     starts = torch.randint(0, len(text) - prompt_len, (args.batch_size,)).tolist()
     prompts = torch.tensor([models.encode(text[s : s + prompt_len]) for s in starts], device=device)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
-    decoder = Decoder(models, prompts, args.length, args.draft_len, args.verification, sampling,
+    decoder = Decoder(models, prompts, args.length, args.draft_len,
+                      args.verification if args.tree is None else "token", sampling,
                       tree=args.tree, tree_children=args.tree_children)
     draft_len = decoder.n
     check_every = 8 if device.type == "cuda" else 1
 
     step = decoder.speculative_step if args.tree is None else decoder.tree_step
     spec_run, spec_setup_s = make_runner(step, decoder, device, backend)
+    if args.tree is not None:
+        torch.manual_seed(args.seed)  # the traversal loop below starts from this state too
     spec_s, spec_steps = decode(spec_run, decoder, "speculative", check_every)
     spec_tokens = decoder.tokens[:, : decoder.end].clone()
     spec_calls = int(decoder.calls.sum())
     accepted, emitted = int(decoder.accepted.sum()), int(decoder.emitted.sum())
     generated = args.batch_size * args.length
-    chain_per_call = None
-    if args.tree is not None:  # the chain of the same depth, for comparison
+    chain_per_call = traversal_per_call = traversal_tokens = None
+    if args.tree is not None:
+        # The same tree loop with traversal verification: the same models, trees drawn from the
+        # same random state, so the two rules differ only in what they keep.
+        traversal = Decoder(models, prompts, args.length, draft_len, "traversal", sampling,
+                            tree=args.tree, tree_children=args.tree_children)
+        traversal_run, _ = make_runner(traversal.tree_step, traversal, device, backend)
+        torch.manual_seed(args.seed)
+        decode(traversal_run, traversal, "traversal", check_every)
+        traversal_tokens = traversal.tokens[:, : traversal.end].clone()
+        traversal_per_call = generated / int(traversal.calls.sum())
+        # The chain of the same depth, for comparison.
         chain = Decoder(models, prompts, args.length, draft_len, args.verification, sampling,
                         greedy=args.tree_children == "top-k")
         chain_run, _ = make_runner(chain.speculative_step, chain, device, backend)
@@ -555,11 +574,14 @@ def main(argv=None) -> dict:
     # The lossless check, on the CPU.
     cpu_models = models.to("cpu")
     control = draft_only_samples(cpu_models, prompts.cpu(), args.length, sampling)
+    checked = [("speculative (specops)", spec_tokens)]
+    if traversal_tokens is not None:
+        checked.append(("traversal (specops)", traversal_tokens))
     results = {name: fit_to_target(cpu_models, seq.cpu(), prompt_len, args.seed, sampling)
-               for name, seq in (("speculative (specops)", spec_tokens), ("target-only", target_tokens),
+               for name, seq in (*checked, ("target-only", target_tokens),
                                  ("draft-only (control)", control))}
-    spec, ctrl = results["speculative (specops)"], results["draft-only (control)"]
-    lossless = spec.p_value > 1e-3 and ctrl.p_value < 1e-3
+    ctrl = results["draft-only (control)"]
+    lossless = all(results[name].p_value > 1e-3 for name, _ in checked) and ctrl.p_value < 1e-3
     if not ctrl.p_value < 1e-3:
         verdict = ("TOO FEW CHARACTERS to tell the draft-only control from the target; "
                    "raise --batch-size or --length")
@@ -586,8 +608,13 @@ def main(argv=None) -> dict:
         print(f"\n{plural(args.batch_size, 'sequence')} x {plural(args.length, 'character')}, "
               f"a full tree of {width}x{depth} ({tree_nodes(width, depth)} draft characters, "
               f"{args.tree_children} children) per step")
-        print(f"  characters per target call   {per_call:.2f}  (target-only: 1; tree verification"
-              f"{', target-only' if args.tree_children == 'top-k' else ''})")
+        target_only = args.tree_children == "top-k"
+        print(f"  characters per target call   {per_call:.2f}  (target-only: 1; token verification of "
+              f"the tree{', target-only' if target_only else ''})")
+        gain = traversal_per_call / per_call - 1
+        why = ("the token rule's own, with no draft probabilities" if target_only
+               else "whole paths judged from the leaves")
+        print(f"  with traversal verification  {traversal_per_call:.2f}  ({gain:+.1%}: {why})")
         drafts = "greedy drafts" if args.tree_children == "top-k" else "sampled drafts"
         print(f"  the chain of the same depth  {chain_per_call:.2f}  (N = {depth} {drafts}, "
               f"{args.verification} verification)")
@@ -632,5 +659,6 @@ def main(argv=None) -> dict:
     print(f"\ntotal time {time.perf_counter() - start:.1f}s")
     return {"lossless": lossless, "results": results, "passed_own_test": passed,
             "kept_per_step": kept_per_step, "characters_per_call": per_call, "speedup": speedup,
-            "chain_characters_per_call": chain_per_call}
+            "chain_characters_per_call": chain_per_call,
+            "traversal_characters_per_call": traversal_per_call}
 
