@@ -135,16 +135,14 @@ def warmup(
             from .core.logprobs.launch import row_entropy_triton
             for dt in dtypes:
                 row_entropy_triton(torch.zeros(1, 1, vocab, dtype=dt, device=device), *parameters)
-        # Trees: no counters; parents of their own dtype; at least one node. Traversal
-        # verification's kernel reads draft rows (target-only, the token rule's kernel serves it).
+        # Trees: no counters; parents of their own dtype; at least one node. Target-only,
+        # traversal verification launches the token rule's kernel.
         trees = [mode for mode in modes if mode in ("tree", "traversal")]
         for mode, logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
                 trees, from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,
                 parents_dtypes):
             rule = "traversal" if mode == "traversal" else "token"
             for source in sources[has_draft, logit]:
-                if mode == "traversal" and source is None:
-                    continue
                 target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
                 draft = torch.zeros_like(target) if source else None  # a row per node, the root
                 ids = torch.zeros(1, n, dtype=ids_dt, device=device)

@@ -119,20 +119,21 @@ def call(draft, ids, target, acc, emit, **kwargs):
     """The public function the loop uses; from logits, drafts from probabilities and from
     logits alike, with every parameter on; a tree: a chain of nodes, with replacement on even
     batches and without on odd ones (with_replacement selects no kernel)."""
-    if verification == "tree":
+    if verification in ("tree", "traversal"):
+        rule = {"verification": "traversal" if verification == "traversal" else "token"}
         batch, n = ids.shape
         if draft is not None:
             draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
         parents = torch.arange(n).expand(batch, n)
         if not logits:
             specops.tree_speculative_sampling(draft, ids, parents, target,
-                                              with_replacement=batch % 2 == 0, **kwargs)
+                                              with_replacement=batch % 2 == 0, **rule, **kwargs)
             return
         for source in (("probs", "logits") if draft is not None else (None,)):
             specops.tree_speculative_sampling_from_logits(
                 draft if source == "probs" else None, ids, parents, target, temperature=0.7,
                 top_k=5, top_p=0.9, min_p=0.01, draft_logits=draft if source == "logits" else None,
-                with_replacement=batch % 2 == 0, **kwargs)
+                with_replacement=batch % 2 == 0, **rule, **kwargs)
         return
     if not logits:
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
@@ -175,7 +176,7 @@ for has_draft in (True, False):
 after, after_launches = driver.utils.modules_loaded, driver.utils.launches
 # Rows that are not 16-byte aligned select another kernel: a load the count above would see.
 target = torch.rand(2, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)[:, :, 1:]
-if verification == "tree":
+if verification in ("tree", "traversal"):
     call(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64), target, None, None, seed=5)
 else:
     specops.chain_speculative_sampling(None, torch.zeros(2, NUM_DRAFT, dtype=torch.int64),
@@ -191,6 +192,7 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
     ("warmup", "token", "probs"), ("one call", "token", "probs"), ("warmup", "block", "probs"),
     ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
     ("warmup", "tree", "probs"), ("one call", "tree", "probs"), ("warmup", "tree", "logits"),
+    ("warmup", "traversal", "probs"),
 ])
 def test_nothing_compiles_after_warm_up(first, verification, logits):
     result = run_standin(NO_NEW_KERNELS, first, verification, logits)
@@ -200,9 +202,11 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     # block: the statistics kernel, and the row pass and the scan for each source of drafts.
     # Tree: its one kernel, with and without draft_probs; from logits, the statistics kernel, the
     # pass that writes the processed rows, and the float32 tree kernel with and without drafts.
+    # Traversal: its kernel with draft_probs, the tree kernel without (the token rule's).
     # From logits, every mode also loads the entropy pass typical acceptance reads.
     expected = {("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
-                ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5}
+                ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5,
+                ("traversal", "probs"): 2}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import specops
+from specops.demo.stats import chi2_pvalue
 from specops.tree import cpu, reference, slots
 from specops.tree.traversal import reference as traversal
 
@@ -65,6 +66,49 @@ def test_sequences_follow_the_target(mode, vocab, width, depth, seed, scale):
     p, q = tree_stats.make_world(vocab, depth, seed, scale)
     tokens = tree_stats.decode(traversal_op(mode), p, q, width, depth, mode, seed)
     assert worlds.joint_pvalue(tokens, p) > tree_stats.P_THRESHOLD
+
+
+@pytest.mark.parametrize("mode", ["iid", "without"])
+def test_one_call_follows_the_target_where_rows_depend_on_the_whole_path(mode):
+    """Rows that depend on every token before them (not only on the position), a binary tree of
+    depth 2 drawn from them: the first 3 tokens of one call's output, completed by the target
+    where the call emitted fewer, follow the target's joint distribution. A rule reading a row
+    of another node at the same depth would not."""
+    vocab, length, requests = 3, 3, 60000
+    g = torch.Generator().manual_seed(8)
+    # Row tables by prefix: a prefix t_1 .. t_k is the code sum_i (t_i + 1) (V + 1)^(k - i).
+    codes = (vocab + 1) ** length
+    p = torch.softmax(2.0 * torch.randn(codes, vocab, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(2.0 * torch.randn(codes, vocab, generator=g, dtype=torch.float64), -1)
+    parents = full_tree(2, 2)
+    code = torch.zeros(requests, parents.shape[0] + 1, dtype=torch.int64)
+    ids = torch.zeros(requests, parents.shape[0], dtype=torch.int64)
+    for node in range(parents.shape[0] + 1):
+        kids = (parents == node).nonzero().squeeze(1)
+        if kids.numel():
+            ids[:, kids] = tree_stats.children_tokens(q[code[:, node]], kids.numel(), mode, g)
+            code[:, kids + 1] = code[:, node, None] * (vocab + 1) + ids[:, kids] + 1
+    out, _, _ = specops.tree_speculative_sampling(
+        q[code].float(), ids, parents.expand(requests, -1), p[code].float(),
+        seed=torch.arange(requests), with_replacement=mode != "without",
+        verification="traversal")
+    tokens = out[:, :length].long()
+    prefix = torch.zeros(requests, dtype=torch.int64)
+    for t in range(length):
+        drawn = tree_stats.draw(p[prefix], g)
+        tokens[:, t] = torch.where(tokens[:, t] >= 0, tokens[:, t], drawn)
+        prefix = prefix * (vocab + 1) + tokens[:, t] + 1
+    # The target's joint probability of every sequence of ``length`` tokens, index sum t_i V^i.
+    sequences = torch.cartesian_prod(*[torch.arange(vocab)] * length)
+    expected = torch.ones(sequences.shape[0], dtype=torch.float64)
+    prefix = torch.zeros(sequences.shape[0], dtype=torch.int64)
+    for t in range(length):
+        expected = expected * p[prefix, sequences[:, t]]
+        prefix = prefix * (vocab + 1) + sequences[:, t] + 1
+    index = (sequences * vocab ** torch.arange(length)).sum(1)
+    counts = torch.bincount((tokens * vocab ** torch.arange(length)).sum(1),
+                            minlength=vocab ** length)
+    assert chi2_pvalue(counts, expected[index.argsort()]) > tree_stats.P_THRESHOLD
 
 
 @pytest.mark.parametrize("mode", ["iid", "without"])

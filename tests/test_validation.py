@@ -492,7 +492,7 @@ def test_numpy_integer_seeds_are_ints():
 
 
 @pytest.mark.parametrize("changes,fragment", [
-    (dict(verification="blok"), "verification must be one of token, block, tree; got 'blok'"),
+    (dict(verification="blok"), "verification must be one of token, block, tree, traversal; got 'blok'"),
     (dict(verification=("token", "trees")), "verification must be one of token, block, tree"),
     (dict(parents_dtype=torch.uint8), "parents_dtype must be one of int32, int64"),
     (dict(dtype=torch.float64), "dtype must be one of float32, float16, bfloat16"),

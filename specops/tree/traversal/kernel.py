@@ -90,8 +90,10 @@ def tree_traversal_kernel(
     race_key = tl.full([BLOCK_M], no_race, tl.float64)
     race_chunk = tl.zeros([BLOCK_M], tl.int64)
 
-    out_tokens = out_tokens_ptr + b * (num_nodes + 1)
-    out_nodes = out_nodes_ptr + b * num_nodes
+    # The path so far, position l in lane l: kept in registers and stored once at the end, so
+    # that every output element has one store (a later descent rewrites a position).
+    path_nodes = tl.zeros([BLOCK_M], tl.int32)
+    path_tokens = tl.zeros([BLOCK_M], tl.int32)
     node = tl.zeros([], tl.int32)  # where the traversal stands; 0 is the root
     depth = tl.zeros([], tl.int32)  # the path's length
     walking = tl.full([], 1, tl.int32)
@@ -127,8 +129,8 @@ def tree_traversal_kernel(
                 mass = tl.where(here, 1.0, mass)
                 scale = tl.where(here, 1.0, scale)
                 after = tl.where(here, -1, after)
-                tl.store(out_nodes + depth, n)
-                tl.store(out_tokens + depth, x)
+                path_nodes = tl.where(lane == depth, n, path_nodes)
+                path_tokens = tl.where(lane == depth, x, path_tokens)
                 depth += 1
                 node = n
             else:  # rejected in place
@@ -201,8 +203,9 @@ def tree_traversal_kernel(
                        pick(weight, lane, node).to(tl.float32), read_q, -1, u_cdf, True, CHUNK)
     drawn = tl.where((res_key < float("inf")) | (p_key < float("inf")), drawn, -1)
 
-    # Rule 8: after the path's tokens, the drawn token, then -1; after its nodes, -1; the count.
-    tl.store(out_tokens + lane, tl.where(lane == depth, drawn, -1),
-             mask=(lane >= depth) & (lane <= num_nodes))
-    tl.store(out_nodes + lane, tl.full([BLOCK_M], -1, tl.int32), mask=(lane >= depth) & is_node)
+    # Rule 8: the path's tokens, the drawn token, then -1; its nodes, then -1; the count.
+    tokens = tl.where(lane < depth, path_tokens, tl.where(lane == depth, drawn, -1))
+    tl.store(out_tokens_ptr + b * (num_nodes + 1) + lane, tokens, mask=lane <= num_nodes)
+    tl.store(out_nodes_ptr + b * num_nodes + lane, tl.where(lane < depth, path_nodes, -1),
+             mask=is_node)
     tl.store(emitted_ptr + b, depth)

@@ -7,8 +7,8 @@ pass over its parent's row pair), or ends the traversal, so a request takes at m
 Nothing reads data on the host. The steps are separate functions so that tests can assemble
 variants (a deliberately broken one).
 
-Each node's state is four numbers (``Nodes``): the acceptance value a of the path from the root
-to it, and the residual its rejected children have left, B = relu(w p - q) / m after k >= 1
+Each node's state (``Nodes``) is the acceptance value a of the path from the root to it, and the
+residual its rejected children have left, B = relu(w p - q) / m after k >= 1
 rejections (p as given before any), with the draft's row Q = s q (s > 1 once tokens drawn without
 replacement are removed). A rejection at a node U maps them, in float64, to
 
@@ -159,7 +159,8 @@ def traverse(draft_probs, target_probs, tree: Tree, coins: torch.Tensor, with_re
         nodes = with_state(nodes, upper, updated, live)
         nodes = with_state(nodes, upper, kept, rejecting & ~live)
         # The child descended to starts fresh, with its value.
-        fresh = Nodes(value, *(field[:, 0] for field in fresh_nodes(batch, 0, device)[1:]))
+        ones = torch.ones_like(value)
+        fresh = Nodes(value, torch.zeros_like(node), ones, ones, ones, torch.full_like(node, -1))
         nodes = with_state(nodes, index + 1, fresh, descend)
         walk = _descend(walk, descend, index)
         walk = _ascend(walk, popped, upper)
