@@ -40,7 +40,7 @@ def test_kernel_matches_reference_half_precision(dtype):
 def test_groups_of_chunks(monkeypatch):
     # A pass takes its chunks' masses GROUP at a time; with 2-chunk groups, 5 chunks make full
     # groups and one cut short.
-    import specops.tree.traversal.launch as launch
+    import specops.tree.launch as launch  # the tree kernels' launch
 
     monkeypatch.setattr(launch, "GROUP", 2)
     q, d, par, p = tree_inputs(3, 4, 5 * 1024 + 3, seed=1, sharp=1.0)

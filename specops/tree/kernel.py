@@ -64,6 +64,35 @@ def p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
 
 
 @triton.jit
+def request_keys(b, seed_ptr, offset_ptr, seed_stride, offset_stride, seed_per_request):
+    """(stream, offset's two words, seed's two words): the Philox inputs of request b's random
+    numbers (core/sampling/philox.py)."""
+    seed = tl.load(seed_ptr + b * seed_stride)
+    offset = tl.load(offset_ptr + b * offset_stride)
+    key_lo, key_hi = split_int64(seed)
+    off_lo, off_hi = split_int64(offset)
+    return tl.where(seed_per_request != 0, 0, b), off_lo, off_hi, key_lo, key_hi
+
+
+@triton.jit
+def read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab, stride_ib, stride_in, stride_pb,
+               stride_pn, BLOCK_M: tl.constexpr):
+    """Rule 1 for request b: (lane, whether lane l holds a node, the tokens, the parents), lane l
+    holding node l + 1; an unlinked node (its id outside [0, V) or its parent outside [0, l]) gets
+    token and parent -1, so that no later step sees it."""
+    lane = tl.arange(0, BLOCK_M)
+    lane64 = lane.to(tl.int64)
+    is_node = lane < num_nodes
+    ids = tl.load(ids_ptr + b * stride_ib + lane64 * stride_in, mask=is_node, other=-1)
+    given = tl.load(parents_ptr + b * stride_pb + lane64 * stride_pn, mask=is_node, other=-1)
+    ids = ids.to(tl.int64)
+    given = given.to(tl.int64)
+    linked = is_node & (ids >= 0) & (ids < vocab) & (given >= 0) & (given <= lane64)
+    return (lane, is_node, tl.where(linked, ids, -1).to(tl.int32),
+            tl.where(linked, given, -1).to(tl.int32))
+
+
+@triton.jit
 def pick(values, lane, l):
     """values[l] of a lane vector (exact: one nonzero term)."""
     return tl.sum(tl.where(lane == l, values, 0), axis=0)
@@ -91,23 +120,11 @@ def tree_speculative_sampling_kernel(
     HAS_DRAFT: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
-    seed = tl.load(seed_ptr + b * seed_stride)
-    offset = tl.load(offset_ptr + b * offset_stride)
-    key_lo, key_hi = split_int64(seed)
-    off_lo, off_hi = split_int64(offset)
-    stream = tl.where(seed_per_request != 0, 0, b)
-
-    # Rule 1: lane l holds node l + 1; linked: its id in [0, V), its parent in [0, l].
-    lane = tl.arange(0, BLOCK_M)
-    lane64 = lane.to(tl.int64)
-    is_node = lane < num_nodes
-    ids = tl.load(ids_ptr + b * stride_ib + lane64 * stride_in, mask=is_node, other=-1)
-    given = tl.load(parents_ptr + b * stride_pb + lane64 * stride_pn, mask=is_node, other=-1)
-    ids = ids.to(tl.int64)
-    given = given.to(tl.int64)
-    linked = is_node & (ids >= 0) & (ids < vocab) & (given >= 0) & (given <= lane64)
-    token = tl.where(linked, ids, -1).to(tl.int32)
-    parent = tl.where(linked, given, -1).to(tl.int32)
+    stream, off_lo, off_hi, key_lo, key_hi = request_keys(b, seed_ptr, offset_ptr, seed_stride,
+                                                          offset_stride, seed_per_request)
+    lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
+                                              stride_ib, stride_in, stride_pb, stride_pn,
+                                              BLOCK_M)
 
     # The path is written as the walk takes it, the rest of the rows once it has stopped: every
     # output element has one store.

@@ -38,35 +38,42 @@ def tree_speculative_sampling_triton(
     synchronisation; the outputs are its only allocations (safe on concurrent streams and in CUDA
     graphs)."""
     if verification == "traversal" and draft_probs is not None:
-        from .traversal.launch import tree_traversal_triton  # it builds on this module
-        return tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, seed,
-                                     offset, with_replacement)
+        from .traversal import launch as traversal  # it builds on this module
+        return traversal.tree_traversal_triton(draft_probs, draft_token_ids, parents,
+                                               target_probs, seed, offset, with_replacement)
+    return launch(KERNEL, draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+                  with_replacement, HAS_DRAFT=draft_probs is not None)
+
+
+def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_probs, seed,
+           offset, with_replacement, **constexprs):
+    """The three outputs, then one launch of grid (B,) of ``kernel``: the tree kernel, or the
+    traversal kernel (tree/traversal/kernel.py), which take the same arguments."""
     batch, num_nodes = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device
-    has_draft = draft_probs is not None
     if target_probs.stride(2) != 1:  # the row passes need unit vocabulary stride (16-byte loads)
         target_probs = target_probs.contiguous()
-    if has_draft and draft_probs.stride(2) != 1:
+    if draft_probs is not None and draft_probs.stride(2) != 1:
         draft_probs = draft_probs.contiguous()
     out_tokens = torch.empty((batch, num_nodes + 1), dtype=torch.int32, device=device)
     out_nodes = torch.empty((batch, num_nodes), dtype=torch.int32, device=device)
     emitted = torch.empty((batch,), dtype=torch.int32, device=device)
     if batch == 0:
         return out_tokens, out_nodes, emitted
-    draft = draft_probs if has_draft else target_probs  # a pointer the kernel never reads
+    draft = target_probs if draft_probs is None else draft_probs  # None: never read
     stride_tb, stride_tn, _ = target_probs.stride()
     stride_db, stride_dn = draft.stride()[:2]
     stride_ib, stride_in = draft_token_ids.stride()
     stride_pb, stride_pn = parents.stride()
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
-    KERNEL.fn[(batch,)](
+    kernel.fn[(batch,)](
         target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
         emitted, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
         stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
-        int(with_replacement), slots.slots_per_draw(vocab), HAS_DRAFT=has_draft,
-        BLOCK_M=block_m(num_nodes), GROUP=GROUP, CHUNK=CHUNK_SIZE, **KERNEL.options)
+        int(with_replacement), slots.slots_per_draw(vocab), BLOCK_M=block_m(num_nodes),
+        GROUP=GROUP, CHUNK=CHUNK_SIZE, **constexprs, **kernel.options)
     return out_tokens, out_nodes, emitted
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.sampling.philox import philox_uniform, split_int64
+from ...core.sampling.philox import philox_uniform
 from ...core.sampling.probs_triton import sanitize
 from ...core.sampling.race_triton import race_token
-from ..kernel import p_pass, pick, residual_pass
+from ..kernel import p_pass, pick, read_nodes, request_keys, residual_pass
 
 HAS_DRAFT = tl.constexpr(True)  # a traversal always reads the draft's rows
 
@@ -59,24 +59,11 @@ def tree_traversal_kernel(
     BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
-    seed = tl.load(seed_ptr + b * seed_stride)
-    offset = tl.load(offset_ptr + b * offset_stride)
-    key_lo, key_hi = split_int64(seed)
-    off_lo, off_hi = split_int64(offset)
-    stream = tl.where(seed_per_request != 0, 0, b)
-
-    # Rule 1 (docs/tree.md): lane l holds node l + 1; linked: its id in [0, V), its parent in
-    # [0, l].
-    lane = tl.arange(0, BLOCK_M)
-    lane64 = lane.to(tl.int64)
-    is_node = lane < num_nodes
-    ids = tl.load(ids_ptr + b * stride_ib + lane64 * stride_in, mask=is_node, other=-1)
-    given = tl.load(parents_ptr + b * stride_pb + lane64 * stride_pn, mask=is_node, other=-1)
-    ids = ids.to(tl.int64)
-    given = given.to(tl.int64)
-    linked = is_node & (ids >= 0) & (ids < vocab) & (given >= 0) & (given <= lane64)
-    token = tl.where(linked, ids, -1).to(tl.int32)
-    parent = tl.where(linked, given, -1).to(tl.int32)
+    stream, off_lo, off_hi, key_lo, key_hi = request_keys(b, seed_ptr, offset_ptr, seed_stride,
+                                                          offset_stride, seed_per_request)
+    lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
+                                              stride_ib, stride_in, stride_pb, stride_pn,
+                                              BLOCK_M)
 
     # Every node's state (reference.Nodes), lane n for node n, and its residual race's best
     # (key, chunk) from its last rejection.
