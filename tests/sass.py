@@ -129,14 +129,13 @@ def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True
 def compile_traversal(prob, draft=True, ids="i64", parents="i64", block_m=16, aligned=True):
     """The traversal kernel as its launcher would specialise it (it always reads draft rows)."""
     from specops.tree import launch
-    from specops.tree.traversal import launch as traversal
 
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
              "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
     constexprs = {"BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
-    return compile_for_hopper(traversal.KERNEL.fn, types, constexprs, aligned,
-                              traversal.KERNEL.options)
+    return compile_for_hopper(launch.TRAVERSAL.fn, types, constexprs, aligned,
+                              launch.TRAVERSAL.options)
 
 
 @functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing

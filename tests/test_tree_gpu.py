@@ -97,8 +97,8 @@ def test_traversal_opcheck_cuda(replacement):
     (600, 6, 4097, torch.float16, True),
 ])
 def test_traversal_matches_reference_large(batch, num_nodes, vocab, dtype, replacement):
-    from specops.tree.traversal import reference
-    from specops.tree.traversal.launch import tree_traversal_triton
+    from specops.tree import traversal_reference as reference
+    from specops.tree.launch import tree_traversal_triton
 
     q, d, par, p = tree_inputs(batch, num_nodes, vocab, dtype=dtype, sharp=1.0)
     seed, offset = seeds(batch, True)
@@ -111,7 +111,7 @@ def test_traversal_matches_reference_large(batch, num_nodes, vocab, dtype, repla
 
 
 def test_traversal_cuda_graph_capture_and_replay():
-    from specops.tree.traversal import reference
+    from specops.tree import traversal_reference as reference
 
     q, d, par, p = tree_inputs(16, 14, 32000, dtype=torch.bfloat16, parents=full_tree(2, 3),
                                sharp=1.0)

@@ -13,7 +13,7 @@ import torch
 import specops
 from specops.demo.stats import chi2_pvalue
 from specops.tree import cpu, reference, slots
-from specops.tree.traversal import reference as traversal
+from specops.tree import traversal_reference as traversal
 
 import test_tree_statistics as tree_stats  # tests/test_tree_statistics.py: its decoding
 import worlds  # tests/worlds.py
@@ -253,8 +253,7 @@ def test_cpu_backend_gives_the_references_tokens(replacement):
     for trial in range(6):
         q, ids, parents, p = random_trees(trial)
         seed, offset = torch.arange(8) * 13 + trial, torch.tensor([trial])
-        expected = reference.tree_speculative_sampling_reference(
-            q, ids, parents, p, seed, offset, replacement, "traversal")
+        expected = traversal.verify(q, ids, parents, p, seed, offset, replacement)
         got = cpu.tree_speculative_sampling_cpu(q, ids, parents, p, seed, offset, replacement,
                                                 "traversal")
         assert all(torch.equal(a, b) for a, b in zip(got, expected))

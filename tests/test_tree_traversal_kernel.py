@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from inputs import full_tree, seeds, tree_inputs
-from specops.tree.traversal import reference
-from specops.tree.traversal.launch import tree_traversal_triton
+from specops.tree import traversal_reference as reference
+from specops.tree.launch import tree_traversal_triton
 
 import test_tree_traversal as traversal_tests  # tests/test_tree_traversal.py: its trees
 
@@ -67,7 +67,7 @@ def test_edge_cases_match_reference():
 
 def test_triton_backend_serves_the_op_from_probabilities_and_logits(monkeypatch):
     import specops
-    import specops.tree.traversal.launch as launch
+    import specops.tree.launch as launch
 
     q, d, par, p = tree_inputs(3, 6, 40, parents=full_tree(2, 2), seed=4)
     called = []

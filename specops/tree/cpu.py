@@ -21,7 +21,7 @@ from ..core.sampling.race import CHUNK_SIZE, chunk_masses, race_winner, token_in
 from ..core.sampling.sums import exact_total
 from ..core.logits import cpu as logits_cpu, rule
 from . import reference, slots
-from .traversal import reference as traversal
+from . import traversal_reference as traversal
 from .processed import on_processed_rows
 
 # PROBABILITY_BOUND (2**117) as float32 bits: (117 + 127) << 23.

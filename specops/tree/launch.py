@@ -1,5 +1,6 @@
-"""Launching the tree kernel: the three outputs, then one ``kernel[grid]`` launch of grid (B,).
-One program walks one request's tree, so there is no launch plan to make and no partials to
+"""Launching the tree kernel, and the traversal kernel for traversal verification with draft
+probabilities: the three outputs, then one ``kernel[grid]`` launch of grid (B,). One program walks
+one request's tree, so there is no launch plan to make and no partials to
 combine (docs/internals/performance.md, "Tree verification", says why)."""
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from ..core.sampling.race import CHUNK_SIZE
 from ..core.logits.launch import processed_rows
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
+from .traversal_kernel import tree_traversal_kernel
 from .processed import on_processed_rows
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
-# tests/sass.py compiles the kernel with its options, read from this.
+# tests/sass.py compiles the kernels with their options, read from these.
 KERNEL = TritonKernel(tree_speculative_sampling_kernel, **FOUR_WARPS)
+TRAVERSAL = TritonKernel(tree_traversal_kernel, **FOUR_WARPS)
 
 
 def block_m(num_nodes: int) -> int:
@@ -38,9 +41,8 @@ def tree_speculative_sampling_triton(
     synchronisation; the outputs are its only allocations (safe on concurrent streams and in CUDA
     graphs)."""
     if verification == "traversal" and draft_probs is not None:
-        from .traversal import launch as traversal  # it builds on this module
-        return traversal.tree_traversal_triton(draft_probs, draft_token_ids, parents,
-                                               target_probs, seed, offset, with_replacement)
+        return tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, seed,
+                                     offset, with_replacement)
     return launch(KERNEL, draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                   with_replacement, HAS_DRAFT=draft_probs is not None)
 
@@ -48,7 +50,7 @@ def tree_speculative_sampling_triton(
 def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_probs, seed,
            offset, with_replacement, **constexprs):
     """The three outputs, then one launch of grid (B,) of ``kernel``: the tree kernel, or the
-    traversal kernel (tree/traversal/kernel.py), which take the same arguments."""
+    traversal kernel (traversal_kernel.py), which take the same arguments."""
     batch, num_nodes = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device
@@ -75,6 +77,14 @@ def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_p
         int(with_replacement), slots.slots_per_draw(vocab), BLOCK_M=block_m(num_nodes),
         GROUP=GROUP, CHUNK=CHUNK_SIZE, **constexprs, **kernel.options)
     return out_tokens, out_nodes, emitted
+
+
+def tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+                          with_replacement=True):
+    """Traversal verification with draft probabilities: the same contract as
+    ``traversal_reference.verify``, launched as the tree kernel is."""
+    return launch(TRAVERSAL, draft_probs, draft_token_ids, parents, target_probs, seed, offset,
+                  with_replacement)
 
 
 # Verification from logits: the rows' statistics, a pass that writes the processed rows (the tree

@@ -286,14 +286,8 @@ def tree_speculative_sampling_reference(
     seed: torch.Tensor,
     offset: torch.Tensor,
     with_replacement: bool = True,
-    verification: str = "token",
 ):
-    """Returns (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32.
-    Target-only, traversal verification is the token rule (docs/tree.md says why)."""
-    if verification == "traversal" and draft_probs is not None:
-        from .traversal import reference as traversal  # it builds on this module
-        return traversal.verify(draft_probs, draft_token_ids, parents, target_probs, seed,
-                                offset, with_replacement)
+    """Returns (output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32."""
     return verify(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                   with_replacement)
 

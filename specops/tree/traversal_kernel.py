@@ -1,8 +1,8 @@
 """The Triton kernel of traversal verification (CUDA tensors, or CPU tensors under
-``TRITON_INTERPRET=1``); ``launch.py`` launches it. docs/internals/kernel.md ("The traversal
+``TRITON_INTERPRET=1``); ``launch.py`` launches it, as it launches the tree kernel. docs/internals/kernel.md ("The traversal
 kernel") explains the design.
 
-Grid (B,): program b traverses request b's tree as ``reference.py`` does, one step per loop
+Grid (B,): program b traverses request b's tree as ``traversal_reference.py`` does, one step per loop
 iteration, and reads the rows of the nodes it stands on only: judging a child takes two scalar
 gathers, p(x) and q(x); each rejection is one pass over the rejecting node's row pair that forms
 its next residual relu(w p - q), its exact mass and its race's best chunk (kept for the draw); a
@@ -11,7 +11,7 @@ the node's last residual, or of a pass over its target row where it rejected not
 state is a lane of six vectors (lane n for node n, the root's 0). No partials, no host
 synchronisation: the outputs are the only allocations.
 
-The algorithm is that of ``reference.py``, token for token.
+The algorithm is that of ``traversal_reference.py``, token for token.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...core.sampling.philox import philox_uniform
-from ...core.sampling.probs_triton import sanitize
-from ...core.sampling.race_triton import race_token
-from ..kernel import p_pass, pick, read_nodes, request_keys, residual_pass
+from ..core.sampling.philox import philox_uniform
+from ..core.sampling.probs_triton import sanitize
+from ..core.sampling.race_triton import race_token
+from .kernel import p_pass, pick, read_nodes, request_keys, residual_pass
 
 HAS_DRAFT = tl.constexpr(True)  # a traversal always reads the draft's rows
 
 
 @triton.jit
 def _child_value(a, rejections, w, m, s, px, qx):
-    """reference.child_value for one child: min(1, a B(x) / Q(x)), float64."""
+    """traversal_reference.child_value for one child: min(1, a B(x) / Q(x)), float64."""
     first = rejections == 0
     value = tl.where(first, px, tl.maximum(w.to(tl.float32) * px - qx, 0.0))
     num = a * value.to(tl.float64)
@@ -65,7 +65,7 @@ def tree_traversal_kernel(
                                               stride_ib, stride_in, stride_pb, stride_pn,
                                               BLOCK_M)
 
-    # Every node's state (reference.Nodes), lane n for node n, and its residual race's best
+    # Every node's state (traversal_reference.Nodes), lane n for node n, and its residual race's best
     # (key, chunk) from its last rejection.
     no_race = float("inf")
     value = tl.full([BLOCK_M], 1.0, tl.float64)

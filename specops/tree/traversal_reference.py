@@ -1,7 +1,8 @@
 """Traversal verification of a tree: the plain reference.
 
-docs/tree.md ("Traversal verification") written in torch, vectorised over the batch: the oracle
-the Triton kernel is tested against. The traversal is sequential, so it is a loop over steps in
+docs/tree.md ("Traversal verification") written in torch, vectorised over the batch, on the tree
+reference's steps (reference.py): the oracle the Triton kernel (traversal_kernel.py) is tested
+against; the CPU backend is it with cpu.py's steps. The traversal is sequential, so it is a loop over steps in
 which every request takes its next step at once; a step descends to a child, rejects a node (one
 pass over its parent's row pair), or ends the traversal, so a request takes at most 2M + 1 steps.
 Nothing reads data on the host. The steps are separate functions so that tests can assemble
@@ -25,10 +26,10 @@ from typing import NamedTuple
 
 import torch
 
-from ..reference import (Round, Tree, Walk, at, at_token, draw_token, read_tree, residual_masses,
-                         start_walk, write_outputs, never, next_child)
-from ...core.sampling.randomness import request_uniforms
-from .. import slots
+from .reference import (Round, Tree, Walk, at, at_token, draw_token, read_tree, residual_masses,
+                        start_walk, write_outputs, never, next_child)
+from ..core.sampling.randomness import request_uniforms
+from . import slots
 
 
 class Nodes(NamedTuple):
