@@ -49,6 +49,7 @@ from specops.chain.token.launch import chain_speculative_sampling_triton  # noqa
 from specops.chain.token.reference import chain_speculative_sampling_reference  # noqa: E402
 from specops.tree.launch import tree_speculative_sampling_triton  # noqa: E402
 from specops.tree.reference import tree_speculative_sampling_reference  # noqa: E402
+from specops.tree.traversal_reference import verify as traversal_reference  # noqa: E402
 
 # (reference, kernel) of each verification mode.
 IMPLEMENTATIONS = {
@@ -117,9 +118,12 @@ def tree_outputs(gen, batch, device, vocab_range, rule="token"):
     """(vocabulary, dtype, the reference's outputs, the kernel's) of one batch of random trees,
     verified by ``rule`` (token or traversal verification)."""
     *inputs, with_replacement = random_trees(gen, batch, device, vocab_range)
+    # Target-only, traversal verification is the token rule (docs/tree.md).
+    reference = (traversal_reference if rule == "traversal" and inputs[0] is not None
+                 else tree_speculative_sampling_reference)
     return (inputs[3].shape[-1], inputs[3].dtype,
-            [fn(*inputs, with_replacement, rule) for fn in (tree_speculative_sampling_reference,
-                                                           tree_speculative_sampling_triton)])
+            [reference(*inputs, with_replacement),
+             tree_speculative_sampling_triton(*inputs, with_replacement, rule)])
 
 
 def main(args) -> None:
