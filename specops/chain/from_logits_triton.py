@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.logits.launch import row_statistics
+from ..core.logits.launch import row_statistics, step_arguments
 from ..core.logits.rule import (ORDERS, Step, chain_generated, drafts_own, generated_counts,
                                 optional_arguments)
 from .rows import Flattened
@@ -15,37 +15,33 @@ from .rows import Flattened
 def on_row_statistics(verify):
     """The fused from-logits backend of a Triton verifier of probabilities: every row's
     statistics first, then ``verify`` reading the logits through them (its ``target_stats`` and
-    ``draft_stats``); no processed probabilities are written."""
+    ``draft_stats``); no processed probabilities are written, and rule step 0 (a grammar mask, a
+    logit bias, penalties) is applied to the target's logits as both read them."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
                 emitted_num, seed, offset, temperature, top_k, top_p, min_p, *rest,
                 flattened: Flattened | None = None):
         parameters = (temperature, top_k, top_p, min_p)
         draft_parameters, step, order, launch = optional_arguments(rest)
         min_p_last = ORDERS[order]
-        if step.changes_logits():
-            # Rule step 0 as a float32 copy of the target's logits, by the reference's torch
-            # operations (the kernels read logits as they are given); the draft's rows in float32
-            # too (exactly their values), so that the kernels are the float32 ones warm-up loads.
-            target_logits = adjusted_target_logits(target_logits, draft_token_ids, step,
-                                                   flattened)
-            draft_probs = None if draft_probs is None else draft_probs.float()
-            draft_logits = None if draft_logits is None else draft_logits.float()
+        target_step = step_arguments(step, draft_token_ids, target_logits.device,
+                                     None if flattened is None
+                                     else flattened.max_num_draft_tokens)
 
-        def statistics(logits, bonus, parameters):
+        def statistics(logits, bonus, parameters, step=None):
             """Its rows' statistics, laid out N + bonus a request (flattened too)."""
             logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
             layout = None if flattened is None else (
                 flattened.cu_num_draft_tokens, flattened.max_num_draft_tokens + bonus, bonus)
-            return logits, row_statistics(logits, *parameters, layout, min_p_last)
+            return logits, row_statistics(logits, *parameters, layout, min_p_last, step)
 
-        target_logits, target_stats = statistics(target_logits, 1, parameters)
+        target_logits, target_stats = statistics(target_logits, 1, parameters, target_step)
         draft_stats = None
         if draft_logits is not None:
             draft_probs, draft_stats = statistics(draft_logits, 0,
                                                   drafts_own(draft_parameters, parameters))
         return verify(draft_probs, draft_token_ids, target_logits, accepted_num, emitted_num,
                       seed, offset, *launch, target_stats=target_stats, draft_stats=draft_stats,
-                      flattened=flattened)
+                      flattened=flattened, target_step=target_step)
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend
@@ -53,7 +49,8 @@ def on_row_statistics(verify):
 
 def adjusted_target_logits(target_logits, draft_token_ids, step: Step,
                            flattened: Flattened | None):
-    """The target's rows after rule step 0 (``Step.adjusted``). A flattened batch's rows
+    """The target's rows after rule step 0 (``Step.adjusted``), for the callers that read
+    adjusted rows rather than apply step 0 as they read them (logprobs). A flattened batch's rows
     (T + B, V) are each taken as a request of one row: its request's bias and output counts, and
     as generated the drafts before it (request b's rows from row cu[b] + b, as varlen/layout.py
     places them; its drafts from cu[b])."""

@@ -19,3 +19,13 @@ def request_rows(b, cu_ptr, target_ptr, draft_ptr, ids_ptr, num_draft, num_token
                 ids_ptr + start * stride_in)
     return (num_draft, target_ptr + b * stride_tb,
             draft_ptr + b * stride_db, ids_ptr + b * stride_ib)
+
+
+@triton.jit
+def first_target_row(b, cu_ptr, num_draft, num_tokens, VARLEN: tl.constexpr):
+    """Request b's first target row among all the target's rows (B (N + 1) padded, T + B
+    flattened): where its rows' grammar bitmask rows start."""
+    if VARLEN:
+        start, n = flattened_request(b, cu_ptr, num_draft, num_tokens)
+        return start + b
+    return b * (num_draft + 1)

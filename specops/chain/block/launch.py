@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from ...core.launch import occupancy
-from ...core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
-from ...core.logits.launch import FROM_LOGITS_OPTIONS
+from ...core.launch.launcher import FOUR_WARPS, TritonKernel, build_options, placeholder
+from ...core.logits.launch import FROM_LOGITS_OPTIONS, FROM_LOGITS_STEP_OPTIONS, kernel_step
 from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
 from ..rows import Flattened, padded_rows
@@ -22,7 +22,10 @@ GROUP = 64
 # tests/sass.py compiles each kernel with its options, read from these.
 ROW_PASS = TritonKernel(block_row_pass_kernel, **FOUR_WARPS)
 ROW_PASS_FROM_LOGITS = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_OPTIONS)
-SCAN = TritonKernel(block_scan_kernel, **FOUR_WARPS)
+ROW_PASS_STEP = TritonKernel(block_row_pass_kernel, **FROM_LOGITS_STEP_OPTIONS)
+# The scan, one program a request: given no register cap, ptxas keeps its variant applying rule
+# step 0 to 64 registers and spills 8 bytes; with a cap of 128 it takes what it needs.
+SCAN = TritonKernel(block_scan_kernel, **build_options(4, maxnreg=128))
 
 
 def block_speculative_sampling_triton(
@@ -37,6 +40,7 @@ def block_speculative_sampling_triton(
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
     flattened: Flattened | None = None,
+    target_step: tuple[list, int] | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.block_speculative_sampling_reference``.
 
@@ -44,8 +48,9 @@ def block_speculative_sampling_triton(
     on it). With ``target_stats`` (and ``draft_stats``), target_probs (and draft_probs) hold
     logits, read through those rows' statistics (core/logits/launch.py). With ``flattened``,
     the batch is flattened (``specops.varlen``): its rows are read where they are, never copied.
-    No host synchronisation; two launches; every tensor it allocates is private to the call (safe
-    on concurrent streams and in CUDA graphs).
+    ``target_step``: the target logits' rule step 0 (``core/logits/launch.step_arguments``),
+    applied as they are read. No host synchronisation; two launches; every tensor it allocates is
+    private to the call (safe on concurrent streams and in CUDA graphs).
     """
     layout = padded_rows if flattened is None else flattened.rows
     (batch, num_draft, num_tokens, cu, target_probs, (stride_tb, stride_tn), draft_probs,
@@ -68,14 +73,16 @@ def block_speculative_sampling_triton(
     no_stats = placeholder(out.device, torch.float64)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
+    step_args, step_flags = kernel_step(target_step, out.device)
     row_constexprs = dict(HAS_DRAFT=has_draft, GROUP=GROUP, CHUNK=CHUNK_SIZE, LOGITS=logits,
-                          DRAFT_LOGITS=draft_logits, VARLEN=flattened is not None)
+                          DRAFT_LOGITS=draft_logits, VARLEN=flattened is not None,
+                          STEP=step_flags)
     row_args = [target_probs, draft, draft_token_ids, seed, offset,
                 placeholder(out.device, torch.float64), placeholder(out.device, torch.float32),
-                target_stats, draft_stats, cu, num_draft, num_tokens, vocab, 0,
+                target_stats, draft_stats, cu, *step_args, num_draft, num_tokens, vocab, 0,
                 stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, seed_stride,
                 offset_stride, per_request, slots.CDF_SLOT, slots.race_slot(0)]
-    row_pass = ROW_PASS_FROM_LOGITS if logits else ROW_PASS
+    row_pass = ROW_PASS_STEP if step_flags else ROW_PASS_FROM_LOGITS if logits else ROW_PASS
     # The plan's look-up runs before the partials and masses exist: the placeholders have their
     # dtypes.
     resources = row_pass.resources(*row_args, **row_constexprs)
@@ -87,17 +94,19 @@ def block_speculative_sampling_triton(
     # layouts), for the scan.
     partials = torch.empty((rows, splits, PARTIAL_FIELDS), dtype=torch.float64, device=out.device)
     masses = torch.empty((rows, chunks), dtype=torch.float32, device=out.device)
-    row_args[5], row_args[6], row_args[13] = partials, masses, per_program
+    row_args[5], row_args[6] = partials, masses
+    row_args[13 + len(step_args)] = per_program
     row_pass.fn[(batch, num_draft + 1, splits)](*row_args, **row_constexprs, **row_pass.options)
     # BLOCK_S is fixed: the batch size selects no kernel.
     SCAN.fn[(batch,)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        partials, masses, target_stats, draft_stats, cu, num_draft, num_tokens, vocab, splits,
+        partials, masses, target_stats, draft_stats, cu, *step_args, num_draft, num_tokens, vocab,
+        splits,
         stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, accepted_num.stride(0),
         emitted_num.stride(0), seed_stride, offset_stride, per_request,
         slots.stop_slot(vocab, 0), HAS_DRAFT=has_draft, BLOCK_N=1 << num_draft.bit_length(),
         BLOCK_S=MAX_SPLITS, CHUNK=CHUNK_SIZE, LOGITS=logits, DRAFT_LOGITS=draft_logits,
-        VARLEN=flattened is not None, **SCAN.options)
+        VARLEN=flattened is not None, STEP=step_flags, **SCAN.options)
     return out
 
 

@@ -20,12 +20,13 @@ import triton
 import triton.language as tl
 
 from ...core.sampling.values_triton import STATS, greedy_row
+from ...core.sampling.step_triton import request_step, row_step
 from ...core.sampling.philox import philox_uniform, split_int64
 from ...core.sampling.race_triton import (RACE_FIELDS, chunk_values, masses_p, masses_residual,
                                           race_group, race_start, race_token, store_race_partial,
                                           winning_token)
 from ..drafts_triton import draft_probabilities
-from ..rows_triton import request_rows
+from ..rows_triton import first_target_row, request_rows
 from . import slots
 
 # The Philox slots of the inverse-CDF uniform and of chunk 0's race (slots.py): constants of the
@@ -43,14 +44,15 @@ PARTIAL_FIELDS = RACE_FIELDS
 def _acceptance(target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab,
                 stride_tn, stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi,
                 coin_slot0, HAS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
-                LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr):
+                LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr, STEP: tl.constexpr,
+                step0):
     """Steps 1-4 for a request of num_draft drafts whose rows start at the given pointers: (draft
     ids d (BLOCK_N,), e, accepted count, inverse-CDF uniform, whether a valid draft token was
     rejected at e, that token (-1 when none)). With LOGITS (and DRAFT_LOGITS) the rows are logits,
-    read through their rows' statistics."""
+    read through their rows' statistics (the target's after rule step 0 where STEP is on)."""
     j, is_draft, d, valid, p_d, q_d = draft_probabilities(
         target_row0, draft_row0, ids0, target_stats0, draft_stats0, num_draft, vocab, stride_tn,
-        stride_dn, stride_in, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS)
+        stride_dn, stride_in, HAS_DRAFT, BLOCK_N, LOGITS, DRAFT_LOGITS, STEP, step0)
     # One Philox call: lane j < N draws position j's coin (slot coin_slot0 + 2j, slots.py), lane
     # N the inverse-CDF uniform.
     coins = philox_uniform(tl.where(j == num_draft, CDF_SLOT, coin_slot0 + 2 * j), stream, off_lo,
@@ -85,7 +87,7 @@ def _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_
 def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
            off_hi, key_lo, key_hi, p_stats, q_stats, HAS_DRAFT: tl.constexpr,
            GROUP: tl.constexpr, CHUNK: tl.constexpr, LOGITS: tl.constexpr,
-           DRAFT_LOGITS: tl.constexpr):
+           DRAFT_LOGITS: tl.constexpr, STEP: tl.constexpr, p_step):
     """Best (key, chunk) of the residual race and of the p race over chunks [k_begin, k_end), in
     groups of GROUP chunks: masses first, then the group's race uniforms and keys as vectors."""
     # Draft None: the residual (p without the removed token) differs from p in one chunk only;
@@ -95,7 +97,8 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     if not HAS_DRAFT:
         if (removed_chunk >= k_begin) & (removed_chunk < k_end):
             removed_mass = tl.sum(chunk_values(row_p, row_q, removed_chunk, vocab, 1.0, False,
-                                               removed, False, CHUNK, LOGITS, p_stats), axis=0)
+                                               removed, False, CHUNK, LOGITS, p_stats, False, None,
+                                               STEP, p_step), axis=0)
     res_key, res_chunk, p_key, p_chunk = race_start()
     slot = tl.arange(0, GROUP)
     for first in range(k_begin, k_end, GROUP):
@@ -103,10 +106,10 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
         if read_q:
             res_masses, p_masses = masses_residual(row_p, row_q, 1.0, first, count, vocab,
                                                    GROUP, CHUNK, LOGITS, p_stats, DRAFT_LOGITS,
-                                                   q_stats)
+                                                   q_stats, STEP, p_step)
         else:
             p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK, LOGITS,
-                                p_stats)
+                                p_stats, STEP, p_step)
             res_masses = tl.where(slot == removed_chunk - first, removed_mass, p_masses)
         res_key, res_chunk, p_key, p_chunk = race_group(
             res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count, race_slot0,
@@ -118,7 +121,8 @@ def _races(row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, str
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "accepted_ptr", "emitted_ptr", "seed_ptr", "offset_ptr", "out_ptr", "partials_ptr",
-    "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "cu_ptr", "num_draft", "num_tokens",
+    "arrivals_ptr", "target_stats_ptr", "draft_stats_ptr", "cu_ptr", "penalties_ptr",
+    "penalty_stride", "num_draft", "num_tokens",
     "stride_ib", "stride_in", "stride_acc", "stride_emit", "seed_stride", "offset_stride",
     "seed_per_request", "chunks_per_program", "coin_slot0"])
 def chain_speculative_sampling_kernel(
@@ -136,6 +140,12 @@ def chain_speculative_sampling_kernel(
     target_stats_ptr,  # LOGITS: (B (N+1), STATS) float64 statistics of the target's rows
     draft_stats_ptr,  # DRAFT_LOGITS: (B N, STATS) float64 statistics of the draft's rows
     cu_ptr,  # VARLEN: (B + 1,) cumulative draft counts (unused otherwise)
+    # Rule step 0 of the target's rows (LOGITS, where STEP says; core/sampling/step_triton.py):
+    bias_ptr,  # (B, V) logit bias, contiguous
+    bitmask_ptr,  # (B, N + 1, ceil(V / 32)) int32 (VARLEN: (T + B, ...)), contiguous
+    counts_ptr,  # (B, V) output token counts, contiguous
+    prompt_ptr,  # (B, V) bool prompt token mask, contiguous
+    penalties_ptr, penalty_stride,  # (1 or B, 4) float64: repetition, frequency, presence, 1/r
     num_draft,  # N (VARLEN: the most drafts of a request, the output's width less one)
     num_tokens,  # VARLEN: T, the drafts of all requests (unused otherwise)
     vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,  # VARLEN: the b's 0
@@ -145,6 +155,7 @@ def chain_speculative_sampling_kernel(
     LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr,  # the rows are logits (core/logits/rule.py)
     BLOCK_P: tl.constexpr,  # the most programs per request, a power of 2
     VARLEN: tl.constexpr,  # a flattened batch (rows_triton.py)
+    STEP: tl.constexpr = 0,  # the parts of rule step 0 that are on (step_triton.py's flags)
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     program = tl.program_id(1)
@@ -161,10 +172,16 @@ def chain_speculative_sampling_kernel(
         stride_db, stride_dn, stride_ib, stride_in, VARLEN)
     target_stats0 = target_stats_ptr + b * (num_draft + 1) * STATS
     draft_stats0 = draft_stats_ptr + b * num_draft * STATS
+    request, first_row, step0 = None, 0, None
+    if STEP:
+        request = request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
+                               penalty_stride, STEP)
+        first_row = first_target_row(b, cu_ptr, num_draft, num_tokens, VARLEN)
+        step0 = row_step(request, bitmask_ptr, first_row, vocab, ids0, stride_in, 0)
     d, e, num_accepted, u_cdf, residual_at_e, removed = _acceptance(
         target_row0, draft_row0, ids0, target_stats0, draft_stats0, n, vocab, stride_tn,
         stride_dn, stride_in, stream, off_lo, off_hi, key_lo, key_hi, coin_slot0, HAS_DRAFT,
-        BLOCK_N, LOGITS, DRAFT_LOGITS)
+        BLOCK_N, LOGITS, DRAFT_LOGITS, STEP, step0)
     if program == 0:
         _write_prefix_and_counters(out_ptr, accepted_ptr, emitted_ptr, b, d, e, num_accepted,
                                    num_draft, stride_acc, stride_emit, BLOCK_N)
@@ -176,6 +193,9 @@ def chain_speculative_sampling_kernel(
     k_end = tl.minimum(k_begin + chunks_per_program, tl.cdiv(vocab, CHUNK))
     p_stats = target_stats0 + e64 * STATS
     q_stats = draft_stats0 + tl.minimum(e64, n - 1) * STATS
+    p_step = None
+    if STEP:  # row e: the drafts before it are all valid (an invalid one is never accepted)
+        p_step = row_step(request, bitmask_ptr, first_row + e64, vocab, ids0, stride_in, e)
     greedy, greedy_token = False, tl.zeros([], tl.int64)  # rows of probabilities
     if LOGITS:
         greedy, greedy_token = greedy_row(p_stats)
@@ -188,10 +208,10 @@ def chain_speculative_sampling_kernel(
         res_key, res_chunk, p_key, p_chunk = _races(
             row_p, row_q, k_begin, k_end, vocab, read_q, removed, race_slot0, stream, off_lo,
             off_hi, key_lo, key_hi, p_stats, q_stats, HAS_DRAFT, GROUP, CHUNK, LOGITS,
-            DRAFT_LOGITS)
+            DRAFT_LOGITS, STEP, p_step)
         token = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, 1.0, read_q,
                            removed, u_cdf, HAS_DRAFT, CHUNK, LOGITS, p_stats, DRAFT_LOGITS,
-                           q_stats)
+                           q_stats, STEP, p_step)
     if programs == 1:
         has_mass = (res_key < float("inf")) | (p_key < float("inf"))
         tl.store(out_ptr + b * (num_draft + 1) + e, tl.where(has_mass, token, -1))

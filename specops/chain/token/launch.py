@@ -10,7 +10,7 @@ import torch
 
 from ...core.launch import occupancy
 from ...core.launch.launcher import FOUR_WARPS, TritonKernel, build_options, placeholder
-from ...core.logits.launch import FROM_LOGITS_OPTIONS
+from ...core.logits.launch import FROM_LOGITS_OPTIONS, FROM_LOGITS_STEP_OPTIONS, kernel_step
 from ...core.sampling.race import CHUNK_SIZE, num_chunks
 from ..from_logits_triton import on_row_statistics
 from ..rows import Flattened, padded_rows
@@ -24,6 +24,7 @@ GROUP = 128
 # tests/sass.py compiles each kernel with its options, read from these.
 MAIN = TritonKernel(chain_speculative_sampling_kernel, **FOUR_WARPS)
 MAIN_FROM_LOGITS = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
+MAIN_STEP = TritonKernel(chain_speculative_sampling_kernel, **FROM_LOGITS_STEP_OPTIONS)
 # A flattened batch's: given no register cap, Triton 3.6's ptxas kept its bf16 variant to 72
 # registers and spilled 8 bytes; with a cap of 128 it takes what it needs.
 MAIN_FLATTENED = TritonKernel(chain_speculative_sampling_kernel, **build_options(4, maxnreg=128))
@@ -54,6 +55,7 @@ def chain_speculative_sampling_triton(
     target_stats: torch.Tensor | None = None,
     draft_stats: torch.Tensor | None = None,
     flattened: Flattened | None = None,
+    target_step: tuple[list, int] | None = None,
 ) -> torch.Tensor:
     """Same contract as ``reference.chain_speculative_sampling_reference``: returns output_token_ids
     (B, N+1) int32 and adds to ``accepted_num`` / ``emitted_num`` in place.
@@ -62,8 +64,9 @@ def chain_speculative_sampling_triton(
     depend on it); by default the launch model chooses it. With ``target_stats`` (and
     ``draft_stats``), target_probs (and draft_probs) hold logits, read through those rows'
     statistics (core/logits/launch.py). With ``flattened``, the batch is flattened
-    (``specops.varlen``): its rows are read where they are, never copied. No host
-    synchronisation. Every tensor it allocates is the call's own (safe on concurrent streams and
+    (``specops.varlen``): its rows are read where they are, never copied. ``target_step``: the
+    target logits' rule step 0 (``core/logits/launch.step_arguments``), applied as they are read.
+    No host synchronisation. Every tensor it allocates is the call's own (safe on concurrent streams and
     in CUDA graphs).
     """
     rows = padded_rows if flattened is None else flattened.rows
@@ -89,17 +92,19 @@ def chain_speculative_sampling_triton(
     no_arrivals = placeholder(device, torch.int32)
     target_stats = no_stats if target_stats is None else target_stats
     draft_stats = no_stats if draft_stats is None else draft_stats
+    step_args, step_flags = kernel_step(target_step, device)
     constexprs = dict(HAS_DRAFT=has_draft, BLOCK_N=lanes, GROUP=GROUP, CHUNK=CHUNK_SIZE,
                       LOGITS=logits, DRAFT_LOGITS=draft_logits, BLOCK_P=MAX_PROGRAMS_PER_REQUEST,
-                      VARLEN=flattened is not None)
-    main = MAIN_FROM_LOGITS if logits else MAIN if flattened is None else MAIN_FLATTENED
+                      VARLEN=flattened is not None, STEP=step_flags)
+    main = (MAIN_STEP if step_flags else MAIN_FROM_LOGITS if logits
+            else MAIN if flattened is None else MAIN_FLATTENED)
     # The plan's look-up runs before the partials exist: the placeholders have their dtypes.
     resources = main.resources(target_probs, draft, draft_token_ids, accepted_num, emitted_num,
                                seed, offset, out, no_stats, no_arrivals, target_stats,
-                               draft_stats, cu, num_draft, num_tokens, vocab, stride_tb,
-                               stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc,
-                               stride_emit, seed_stride, offset_stride, int(seed_per_request), 1,
-                               coin_slot0, **constexprs)
+                               draft_stats, cu, *step_args, num_draft, num_tokens, vocab,
+                               stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
+                               stride_acc, stride_emit, seed_stride, offset_stride,
+                               int(seed_per_request), 1, coin_slot0, **constexprs)
     programs, per_program = occupancy.row_split(resources, batch, chunks,
                                                 CHUNK_SIZE * target_probs.element_size(),
                                                 MAX_PROGRAMS_PER_REQUEST, programs)
@@ -112,8 +117,8 @@ def chain_speculative_sampling_triton(
         partials, arrivals = no_stats, no_arrivals
     main.fn[(batch, programs)](
         target_probs, draft, draft_token_ids, accepted_num, emitted_num, seed, offset, out,
-        partials, arrivals, target_stats, draft_stats, cu, num_draft, num_tokens, vocab,
-        stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc,
+        partials, arrivals, target_stats, draft_stats, cu, *step_args, num_draft, num_tokens,
+        vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_acc,
         stride_emit, seed_stride, offset_stride, int(seed_per_request), per_program, coin_slot0,
         **constexprs, **main.options)
     return out

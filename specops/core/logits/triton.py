@@ -27,6 +27,7 @@ from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
 from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS, load_stats, processed
 from . import rule as logits
+from ..sampling.step_triton import adjusted_row, drafts_before, request_step, row_step
 
 LOG2E = tl.constexpr(logits.LOG2E)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
@@ -42,12 +43,16 @@ STATS_GROUP = tl.constexpr(128)  # chunk masses a program holds before binning t
 
 
 @triton.jit
-def _chunk(row, vocab, first, lane, MASKED: tl.constexpr):
+def _chunk(row, vocab, first, lane, MASKED: tl.constexpr, step, STEP: tl.constexpr):
     """The float32 logits of the chunk at ``first`` (-inf past V when MASKED: the row's partial
-    last chunk)."""
+    last chunk), after rule step 0 where STEP is on (core/sampling/step_triton.py)."""
     if MASKED:
-        return widen(tl.load(row + first + lane, mask=first + lane < vocab, other=-float("inf")))
-    return widen(tl.load(row + first + lane))
+        x = widen(tl.load(row + first + lane, mask=first + lane < vocab, other=-float("inf")))
+    else:
+        x = widen(tl.load(row + first + lane))
+    if STEP:
+        x = adjusted_row(x, first, lane, first + lane < vocab, step, STEP)
+    return x
 
 
 @triton.jit
@@ -69,39 +74,41 @@ def _peak_step(best, at, x, index):
 
 
 @triton.jit
-def _peak(row, vocab, CHUNK: tl.constexpr):
+def _peak(row, vocab, step, STEP: tl.constexpr, CHUNK: tl.constexpr):
     """(largest finite logit, its first index; -inf and 0 without one)."""
     lane = tl.arange(0, CHUNK)
     best = tl.full([CHUNK], -float("inf"), tl.float32)
     at = tl.zeros([CHUNK], tl.int32)
     whole = vocab // CHUNK * CHUNK
     for first in range(0, whole, CHUNK):
-        best, at = _peak_step(best, at, _chunk(row, vocab, first, lane, False), first + lane)
+        best, at = _peak_step(best, at, _chunk(row, vocab, first, lane, False, step, STEP),
+                              first + lane)
     if whole < vocab:
-        best, at = _peak_step(best, at, _chunk(row, vocab, whole, lane, True), whole + lane)
+        best, at = _peak_step(best, at, _chunk(row, vocab, whole, lane, True, step, STEP),
+                              whole + lane)
     top = tl.max(best, axis=0)
     index = tl.min(tl.where(best == top, at, vocab), axis=0)
     return top, tl.where(top > -float("inf"), index, 0).to(tl.int64)
 
 
 @triton.jit
-def _count(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
+def _count(row, vocab, peak, coef, floor, step, STEP: tl.constexpr, CHUNK: tl.constexpr):
     """How many finite logits have weight >= floor (where floor is 0, the -inf logits and the
     lanes past V too: of weight 0, they change no probability the threshold gives)."""
     lane = tl.arange(0, CHUNK)
     counts = tl.zeros([CHUNK], tl.int32)
     whole = vocab // CHUNK * CHUNK
     for first in range(0, whole, CHUNK):
-        e, keep = _kept(_chunk(row, vocab, first, lane, False), peak, coef, floor)
+        e, keep = _kept(_chunk(row, vocab, first, lane, False, step, STEP), peak, coef, floor)
         counts += keep.to(tl.int32)
     if whole < vocab:
-        e, keep = _kept(_chunk(row, vocab, whole, lane, True), peak, coef, floor)
+        e, keep = _kept(_chunk(row, vocab, whole, lane, True, step, STEP), peak, coef, floor)
         counts += keep.to(tl.int32)
     return tl.sum(counts, axis=0).to(tl.int64)
 
 
 @triton.jit
-def _mass(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
+def _mass(row, vocab, peak, coef, floor, step, STEP: tl.constexpr, CHUNK: tl.constexpr):
     """W(floor): the exact sum of the float32 chunk masses of the weights >= floor (float64), as
     logits.kept_mass."""
     lane = tl.arange(0, CHUNK)
@@ -112,19 +119,23 @@ def _mass(row, vocab, peak, coef, floor, CHUNK: tl.constexpr):
         masses = tl.zeros([STATS_GROUP], tl.float32)
         chunk = row + group
         for i in range(tl.minimum((whole - group) // CHUNK, STATS_GROUP)):
-            e, keep = _kept(widen(tl.load(chunk + lane)), peak, coef, floor)
+            x = widen(tl.load(chunk + lane))
+            if STEP:
+                x = adjusted_row(x, group + i * CHUNK, lane, lane < CHUNK, step, STEP)
+            e, keep = _kept(x, peak, coef, floor)
             chunk += CHUNK
             masses = tl.where(slot == i, tl.sum(tl.where(keep, e, 0.0), axis=0), masses)
         bins = add_masses(bins, masses[None, :])
     if whole < vocab:
-        e, keep = _kept(_chunk(row, vocab, whole, lane, True), peak, coef, floor)
+        e, keep = _kept(_chunk(row, vocab, whole, lane, True, step, STEP), peak, coef, floor)
         bins = add_masses(bins, tl.zeros([1, 1], tl.float32) + tl.sum(tl.where(keep, e, 0.0),
                                                                       axis=0))
     return tl.sum(to_float(bins), axis=0)
 
 
 @triton.jit
-def _largest_floor(row, vocab, peak, coef, floor, goal, MASS: tl.constexpr, CHUNK: tl.constexpr):
+def _largest_floor(row, vocab, peak, coef, floor, goal, step, STEP: tl.constexpr,
+                   MASS: tl.constexpr, CHUNK: tl.constexpr):
     """The largest weight t >= floor whose kept weights (those >= t) still reach ``goal``: at
     least ``goal`` of them (top-k: the k-th largest kept weight) or, with MASS, a mass W(t) >=
     goal (top-p); by bisection over float32 bit patterns in [bits(floor), bits(1.0)]."""
@@ -134,9 +145,9 @@ def _largest_floor(row, vocab, peak, coef, floor, goal, MASS: tl.constexpr, CHUN
         mid = lo + (hi - lo) // 2
         t = mid.to(tl.float32, bitcast=True)
         if MASS:
-            enough = _mass(row, vocab, peak, coef, t, CHUNK) >= goal
+            enough = _mass(row, vocab, peak, coef, t, step, STEP, CHUNK) >= goal
         else:
-            enough = _count(row, vocab, peak, coef, t, CHUNK) >= goal
+            enough = _count(row, vocab, peak, coef, t, step, STEP, CHUNK) >= goal
         lo = tl.where(enough, mid, lo)
         hi = tl.where(enough, hi, mid)
     return lo.to(tl.float32, bitcast=True)
@@ -161,7 +172,8 @@ def _keep_limit(coef, floor):
 @triton.jit(do_not_specialize=["stats_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr",
                                "min_p_ptr", "cu_ptr", "positions", "num_tokens", "bonus",
                                "temperature_stride", "top_k_stride", "top_p_stride",
-                               "min_p_stride", "min_p_last"])
+                               "min_p_stride", "min_p_last", "ids_ptr", "stride_ib", "stride_in",
+                               "penalties_ptr", "penalty_stride"])
 def row_statistics_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1 (VARLEN: (T + B bonus, V))
     stats_ptr,  # (B * positions, STATS) float64, written (VARLEN: request b's rows only)
@@ -173,8 +185,16 @@ def row_statistics_kernel(
     vocab, stride_b, stride_n,  # VARLEN: stride_b unused
     temperature_stride, top_k_stride, top_p_stride, min_p_stride,  # 0 for one value for all
     min_p_last,  # 1: min-p after top-k and top-p (Hugging Face transformers' order)
+    # Rule step 0 (core/sampling/step_triton.py), read where STEP says, for a target's rows:
+    ids_ptr, stride_ib, stride_in,  # (B, N) draft ids (VARLEN: (T,), stride_ib unused)
+    bias_ptr,  # (B, V) logit bias, contiguous
+    bitmask_ptr,  # (B, positions, ceil(V / 32)) int32 (VARLEN: (T + B, ...)), contiguous
+    counts_ptr,  # (B, V) output token counts, contiguous
+    prompt_ptr,  # (B, V) bool prompt token mask, contiguous
+    penalties_ptr, penalty_stride,  # (1 or B, 4) float64: repetition, frequency, presence, 1/r
     CHUNK: tl.constexpr,
     VARLEN: tl.constexpr,  # a flattened batch (core/launch/rows_triton.py)
+    STEP: tl.constexpr = 0,  # the parts of rule step 0 that are on (step_triton.py's flags)
 ):
     """One program per row: its statistics (module docstring), as logits.processed_rows
     decides them. The statistics are laid out as a padded batch's, ``positions`` a request."""
@@ -185,9 +205,19 @@ def row_statistics_kernel(
         start, n = flattened_request(b, cu_ptr, positions - bonus, num_tokens)
         if t >= n + bonus:  # no such row
             return
-        logits_row = logits_ptr + (start + b * bonus + t) * stride_n
+        flat_row = start + b * bonus + t
+        logits_row = logits_ptr + flat_row * stride_n
+        ids0 = ids_ptr + start * stride_in
     else:
+        flat_row = row
         logits_row = logits_ptr + b * stride_b + t * stride_n
+        ids0 = ids_ptr + b * stride_ib
+    step = None
+    if STEP:
+        step = row_step(request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
+                                     penalty_stride, STEP),
+                        bitmask_ptr, flat_row, vocab, ids0, stride_in,
+                        drafts_before(ids0, stride_in, t, vocab))
     temperature = tl.load(temperature_ptr + b * temperature_stride).to(tl.float32)
     top_k = tl.load(top_k_ptr + b * top_k_stride).to(tl.int64)
     top_p = tl.load(top_p_ptr + b * top_p_stride).to(tl.float32)
@@ -196,7 +226,7 @@ def row_statistics_kernel(
                 & (min_p <= 1))
     # First, while few values are live: its slow path is a call, around which ptxas saves them.
     coef = tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature)
-    peak, index = _peak(logits_row, vocab, CHUNK)
+    peak, index = _peak(logits_row, vocab, step, STEP, CHUNK)
     peak = tl.where(peak == 0, 0.0, peak)  # +0 for -0: n = m - x is then never -0 (kept)
     mode = tl.where(in_range & (peak > -float("inf")),
                     tl.where(temperature == 0, GREEDY, SAMPLED), NO_MASS)
@@ -205,13 +235,16 @@ def row_statistics_kernel(
     if mode == SAMPLED:
         floor = tl.where(min_p_last != 0, 0.0, min_p)
         if (top_k > 0) & (top_k < vocab):
-            if _count(logits_row, vocab, peak, coef, floor, CHUNK) > top_k:
-                floor = _largest_floor(logits_row, vocab, peak, coef, floor, top_k, False, CHUNK)
+            if _count(logits_row, vocab, peak, coef, floor, step, STEP, CHUNK) > top_k:
+                floor = _largest_floor(logits_row, vocab, peak, coef, floor, top_k, step, STEP,
+                                       False, CHUNK)
         if top_p < 1:
-            goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, CHUNK)
-            floor = _largest_floor(logits_row, vocab, peak, coef, floor, goal, True, CHUNK)
+            goal = top_p.to(tl.float64) * _mass(logits_row, vocab, peak, coef, floor, step, STEP,
+                                                CHUNK)
+            floor = _largest_floor(logits_row, vocab, peak, coef, floor, goal, step, STEP, True,
+                                   CHUNK)
         floor = tl.maximum(floor, min_p)  # min-p last; in vLLM's order the floor is above it
-        mass = _mass(logits_row, vocab, peak, coef, floor, CHUNK)
+        mass = _mass(logits_row, vocab, peak, coef, floor, step, STEP, CHUNK)
         scale = (1.0 / mass).to(tl.float32)
         if mass > 0:
             limit = tl.full([], INF_BITS, tl.int32)  # floor 0: every finite logit is kept

@@ -9,6 +9,7 @@ import triton.language as tl
 from .values_triton import load_stats, row_values
 from .philox import philox_uniform
 from .probs_triton import ABSENT, widen
+from .step_triton import adjusted_row
 
 
 @triton.jit
@@ -37,7 +38,17 @@ def inverse_cdf(values, u, CHUNK: tl.constexpr):
 # q is read, floored at 0 (float32): block verification passes its candidate row's weight w_t,
 # token verification the constant 1.0, which the compiler folds away (its SASS is unchanged by it).
 # p and q are probabilities, sanitised; or, with P_LOGITS / Q_LOGITS, logits read through their
-# sampled rows' statistics (core/logits/triton.py; the stats arguments point at them).
+# sampled rows' statistics (core/logits/triton.py; the stats arguments point at them), with P_STEP
+# after rule step 0 (step_triton.py; p_step is the row's context).
+
+
+@triton.jit
+def _read_p(raw, start, lane, inside, p_step, P_STEP: tl.constexpr):
+    """A chunk of p's raw values at tokens start + lane, after rule step 0 where P_STEP is on."""
+    values = raw
+    if P_STEP:
+        values = adjusted_row(widen(raw), start, lane, inside, p_step, P_STEP)
+    return values
 
 
 @triton.jit
@@ -73,7 +84,8 @@ def _whole_chunks(first, count, vocab, CHUNK: tl.constexpr):
 
 @triton.jit
 def masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
-             CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None):
+             CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
+             P_STEP: tl.constexpr = 0, p_step=None):
     """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
     (count <= GROUP), chunk first + i in slot i: the row loop when q is not read."""
     peak, coef, limit, scale = _stats_or_none(p_stats, P_LOGITS)
@@ -82,18 +94,23 @@ def masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.
     masses = tl.zeros([GROUP], tl.float32)
     whole = _whole_chunks(first, count, vocab, CHUNK)
     ptr = row_p + first * CHUNK
+    start = first * CHUNK  # P_STEP only: the chunk's first token
     p_next = widen(tl.load(ptr + lane, mask=lane < tl.where(whole > 0, CHUNK, 0), other=ABSENT))
     for i in range(whole - 1):
-        p = _p_values(p_next, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
+        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), w_row, SCALED,
+                      P_LOGITS, peak, coef, limit, scale)
         ptr += CHUNK
+        start += CHUNK
         p_next = widen(tl.load(ptr + lane))
         masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
     if whole > 0:  # the last whole chunk, loaded by the loop
-        p = _p_values(p_next, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
+        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), w_row, SCALED,
+                      P_LOGITS, peak, coef, limit, scale)
         masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), masses)
     if whole < count:
         offset = (first + whole) * CHUNK
         raw = tl.load(row_p + offset + lane, mask=lane < vocab - offset, other=ABSENT)
+        raw = _read_p(raw, offset, lane, lane < vocab - offset, p_step, P_STEP)
         p = _p_values(raw, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
         masses = tl.where(slot == whole, tl.sum(p, axis=0), masses)
     return masses
@@ -111,7 +128,8 @@ def _residual_values(raw_p, raw_q, w_row, P_LOGITS: tl.constexpr, p_peak, p_coef
 @triton.jit
 def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexpr,
                     CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
-                    Q_LOGITS: tl.constexpr = False, q_stats=None):
+                    Q_LOGITS: tl.constexpr = False, q_stats=None, P_STEP: tl.constexpr = 0,
+                    p_step=None):
     """float32 masses of the residual max(w_row p - q, 0) and of p over chunks first .. first +
     count - 1, chunk first + i in slot i: the row loop when q is read."""
     p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
@@ -126,8 +144,9 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
     p_next = widen(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT))
     q_next = widen(tl.load(row_q + offset + lane, mask=in_range, other=ABSENT))
     for i in range(whole - 1):
-        res, p = _residual_values(p_next, q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit,
-                                  p_scale, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+        res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
+                                  q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale,
+                                  Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
         offset += CHUNK
         p_next = widen(tl.load(row_p + offset + lane))
         q_next = widen(tl.load(row_q + offset + lane))
@@ -135,14 +154,16 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
         res_masses = tl.where(slot == i, res_mass, res_masses)
         p_masses = tl.where(slot == i, p_mass, p_masses)
     if whole > 0:  # the last whole chunk, loaded by the loop
-        res, p = _residual_values(p_next, q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit,
-                                  p_scale, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+        res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
+                                  q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale,
+                                  Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
         res_masses = tl.where(slot == whole - 1, tl.sum(res, axis=0), res_masses)
         p_masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), p_masses)
     if whole < count:
         offset = (first + whole) * CHUNK
         in_range = lane < vocab - offset
-        res, p = _residual_values(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT),
+        raw_p = tl.load(row_p + offset + lane, mask=in_range, other=ABSENT)
+        res, p = _residual_values(_read_p(raw_p, offset, lane, in_range, p_step, P_STEP),
                                   tl.load(row_q + offset + lane, mask=in_range, other=ABSENT),
                                   w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale, Q_LOGITS,
                                   q_peak, q_coef, q_limit, q_scale)
@@ -154,14 +175,16 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
 @triton.jit
 def chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: tl.constexpr,
                  CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
-                 Q_LOGITS: tl.constexpr = False, q_stats=None):
+                 Q_LOGITS: tl.constexpr = False, q_stats=None, P_STEP: tl.constexpr = 0,
+                 p_step=None):
     """The CHUNK values of the sampled row in one chunk, 0 past V: max(w_row p - q, 0) when read_q
     (draft given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p.
     With w_row = 1, read_q False and removed -1: p."""
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
-    p = row_values(tl.load(row_p + cols, mask=cols < vocab, other=ABSENT), P_LOGITS, p_peak, p_coef,
-                   p_limit, p_scale)
+    raw_p = _read_p(tl.load(row_p + cols, mask=cols < vocab, other=ABSENT), chunk * CHUNK,
+                    tl.arange(0, CHUNK), cols < vocab, p_step, P_STEP)
+    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale)
     if HAS_DRAFT:
         q_peak, q_coef, q_limit, q_scale = _stats_or_none(q_stats, Q_LOGITS)
         q = row_values(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=ABSENT), Q_LOGITS,
@@ -207,7 +230,8 @@ def race_group(res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, 
 @triton.jit
 def race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, removed, u_cdf,
                HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False,
-               p_stats=None, Q_LOGITS: tl.constexpr = False, q_stats=None):
+               p_stats=None, Q_LOGITS: tl.constexpr = False, q_stats=None,
+               P_STEP: tl.constexpr = 0, p_step=None):
     """The token of the race a program's result stands for, by one inverse CDF in its winning
     chunk (read again): the residual race wherever it has mass here (then it has mass in the row,
     so it is the race used), else the p race."""
@@ -215,7 +239,7 @@ def race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, 
     chunk = tl.where(use_res, res_chunk, p_chunk)
     values = chunk_values(row_p, row_q, chunk, vocab, tl.where(use_res, w_row, 1.0),
                           read_q & use_res, tl.where(use_res, removed, -1), HAS_DRAFT, CHUNK,
-                          P_LOGITS, p_stats, Q_LOGITS, q_stats)
+                          P_LOGITS, p_stats, Q_LOGITS, q_stats, P_STEP, p_step)
     return (chunk * CHUNK + inverse_cdf(values, u_cdf, CHUNK)).to(tl.int32)
 
 

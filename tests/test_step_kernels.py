@@ -1,0 +1,221 @@
+"""Rule step 0 inside the Triton kernels (core/sampling/step_triton.py): the grammar mask, the
+logit bias and the penalties applied while the kernels read the target's logits must be exactly
+the reference's adjusted rows (rule.adjusted_logits). Two checks, padded and flattened: every
+row's statistics equal, field for field, those of the adjusted rows written out; and the token
+and block kernels give, seed after seed, the tokens and counts they give the adjusted rows.
+Interpreter on CPU, the same tests on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from inputs import DEVICE  # tests/inputs.py (conftest.py: TRITON_INTERPRET=1 on CPU)
+
+from specops.chain.block.launch import block_speculative_sampling_from_logits_triton
+from specops.chain.from_logits_triton import adjusted_target_logits
+from specops.chain.rows import Flattened
+from specops.chain.token.launch import chain_speculative_sampling_from_logits_triton
+from specops.core.logits.launch import row_statistics, step_arguments
+from specops.core.logits.rule import Step, packed_bitmask
+
+pytestmark = pytest.mark.interpreter
+
+B, N, V = 4, 3, 100
+LENGTHS = [2, 0, 3, 3]  # the flattened batch's drafts a request
+
+
+def inputs(seed, parts=("bias", "mask", "penalties", "prompt"), bias_dtype=torch.float32):
+    """(target logits (B, N + 1, V), draft logits (B, N, V), ids (B, N), Step): drafts that repeat
+    (so that a row counts a token twice), an id outside [0, V) ending request 3's counted drafts,
+    strong penalties (so that counting a draft more or less moves the row), request 2's penalty
+    out of range (its rows without mass)."""
+    g = torch.Generator().manual_seed(seed)
+    target = 2 * torch.randn(B, N + 1, V, generator=g)
+    draft = target[:, :N] + torch.randn(B, N, V, generator=g)
+    top = target[:, :N].argmax(-1)  # drafts where the mass is, so that penalties matter
+    ids = torch.where(torch.rand(B, N, generator=g) < 0.7, top,
+                      torch.randint(0, V, (B, N), generator=g))
+    ids[0, 1] = ids[0, 2] = ids[0, 0]
+    ids[3, 1] = V + 5  # invalid: d_2 is not counted at row 3
+    ids[3, 2] = ids[3, 0]
+    step = Step()
+    if "bias" in parts:
+        bias = torch.randn(B, V, generator=g).to(bias_dtype)
+        bias[:, :2] = -torch.inf
+        step = step._replace(logit_bias=bias)
+    if "mask" in parts:
+        allowed = torch.rand(B, N + 1, V, generator=g) < 0.6
+        allowed[..., 7] = True
+        allowed[torch.arange(B)[:, None], torch.arange(N)[None, :], ids.clamp(max=V - 1)] = True
+        step = step._replace(allowed_token_bitmask=packed_bitmask(allowed))
+    if "penalties" in parts:
+        counts = torch.randint(0, 3, (B, V), generator=g) * (torch.rand(B, V, generator=g) < 0.2)
+        step = step._replace(repetition_penalty=torch.tensor([2.0, 1.5, -1.0, 3.0]),
+                             frequency_penalty=torch.tensor([1.5]),
+                             presence_penalty=torch.tensor([0.5, 2.0, 0.0, -0.5]),
+                             output_token_counts=counts.int())
+        if "prompt" in parts:
+            step = step._replace(prompt_token_mask=torch.rand(B, V, generator=g) < 0.1)
+    return target, draft, ids, step
+
+
+def to_device(step: Step) -> Step:
+    return Step(*(None if t is None else t.to(DEVICE) for t in step))
+
+
+def flattened(target, ids, step):
+    """The same requests flattened (request b's first LENGTHS[b] drafts): (rows (T + B, V), ids
+    (T,), its Step, Flattened)."""
+    rows = torch.cat([target[b, :n + 1] for b, n in enumerate(LENGTHS)])
+    flat_ids = torch.cat([ids[b, :n] for b, n in enumerate(LENGTHS)])
+    mask = step.allowed_token_bitmask
+    if mask is not None:
+        mask = torch.cat([mask[b, :n + 1] for b, n in enumerate(LENGTHS)])
+    cu = torch.tensor([0, *LENGTHS]).cumsum(0).to(DEVICE)
+    return rows, flat_ids, step._replace(allowed_token_bitmask=mask), Flattened(cu, max(LENGTHS))
+
+
+PARAMETERS = {  # temperature, top-k, top-p, min-p: every threshold the statistics find
+    "temperature": (torch.tensor([1.0, 0.7, 1.0, 0.0]), 0, 1.0, 0.0),
+    "top-k": (torch.tensor([1.0]), 5, 1.0, 0.0),
+    "top-p and min-p": (torch.tensor([0.8]), 0, 0.8, 0.05),
+}
+
+
+def parameters(name):
+    temperature, top_k, top_p, min_p = PARAMETERS[name]
+    return (temperature.to(DEVICE), torch.tensor([top_k], device=DEVICE),
+            torch.tensor([top_p], device=DEVICE), torch.tensor([min_p], device=DEVICE))
+
+
+@pytest.mark.parametrize("name, layout", [("temperature", "padded"), ("temperature", "flattened"),
+                                          ("top-k", "padded"), ("top-p and min-p", "flattened")])
+def test_statistics_read_the_adjusted_rows(name, layout):
+    target, _, ids, step = inputs(seed=1)
+    if layout == "padded":
+        rows, layout_ids, layout_step, flat = target, ids, step, None
+        shape = None
+    else:
+        rows, layout_ids, layout_step, flat = flattened(target, ids, step)
+        shape = (flat.cu_num_draft_tokens, flat.max_num_draft_tokens + 1, 1)
+    rows, layout_ids, layout_step = rows.to(DEVICE), layout_ids.to(DEVICE), to_device(layout_step)
+    adjusted = adjusted_target_logits(rows, layout_ids, layout_step, flat).contiguous()
+    fused = row_statistics(rows, *parameters(name), shape,
+                           step=step_arguments(layout_step, layout_ids, rows.device, N))
+    written = row_statistics(adjusted, *parameters(name), shape)
+    if flat is not None:  # laid out N + 1 a request, written for the request's rows only
+        written_rows = torch.tensor([t <= n for n in LENGTHS for t in range(max(LENGTHS) + 1)])
+        fused, written = fused[written_rows], written[written_rows]
+    assert torch.equal(fused, written)
+    assert (fused[:, 0] == 0).any() and (fused[:, 0] == 1).any()  # rows without mass, sampled
+
+
+VERIFIERS = {"token": chain_speculative_sampling_from_logits_triton,
+             "block": block_speculative_sampling_from_logits_triton}
+
+
+ALL = ("bias", "mask", "penalties", "prompt")
+
+
+@pytest.mark.parametrize("verification, layout, parts", [
+    ("token", "padded", ALL), ("token", "flattened", ALL), ("block", "padded", ALL),
+    ("block", "flattened", ALL), ("token", "padded", ("penalties",))])
+def test_kernels_read_the_adjusted_rows(verification, layout, parts):
+    """Seed after seed, the tokens and counts of the kernels applying step 0 as they read equal
+    those of the same kernels reading the adjusted rows written out."""
+    verify = VERIFIERS[verification]
+    target, draft, ids, step = inputs(seed=2, parts=parts, bias_dtype=torch.bfloat16)
+    if layout == "padded":
+        rows, layout_ids, layout_step, flat = target, ids, step, None
+        draft_rows = draft
+    else:
+        rows, layout_ids, layout_step, flat = flattened(target, ids, step)
+        draft_rows = torch.cat([draft[b, :n] for b, n in enumerate(LENGTHS)])
+    rows, layout_ids, layout_step = rows.to(DEVICE), layout_ids.to(DEVICE), to_device(layout_step)
+    draft_rows = draft_rows.to(DEVICE)
+    adjusted = adjusted_target_logits(rows, layout_ids, layout_step, flat)
+    temperature = torch.tensor([1.0, 0.9, 1.0, 0.0], device=DEVICE)
+    plain = (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.ones(1, device=DEVICE),
+             torch.zeros(1, device=DEVICE))
+    draft_parameters = (None,) * 4
+    differs = 0
+    for seed in range(3):
+        results = []
+        for logits, given in ((rows, layout_step), (adjusted, Step())):
+            acc = torch.zeros(B, dtype=torch.int32, device=DEVICE)
+            emit = torch.zeros(B, dtype=torch.int32, device=DEVICE)
+            out = verify(None, layout_ids, logits, draft_rows, acc, emit,
+                         torch.arange(B, device=DEVICE) + 10 * seed,
+                         torch.zeros(1, dtype=torch.int64, device=DEVICE), temperature, *plain,
+                         *draft_parameters, *given, "vllm", flattened=flat)
+            results.append((out, acc, emit))
+        (out_f, acc_f, emit_f), (out_w, acc_w, emit_w) = results
+        assert torch.equal(out_f, out_w) and torch.equal(acc_f, acc_w)
+        assert torch.equal(emit_f, emit_w)
+        differs += not torch.equal(out_f, verify(
+            None, layout_ids, rows, draft_rows, torch.zeros(B, dtype=torch.int32, device=DEVICE),
+            torch.zeros(B, dtype=torch.int32, device=DEVICE),
+            torch.arange(B, device=DEVICE) + 10 * seed,
+            torch.zeros(1, dtype=torch.int64, device=DEVICE), temperature, *plain,
+            flattened=flat))
+    assert differs  # step 0 changed some tokens: the comparison above can fail
+
+
+@pytest.mark.parametrize("verification", list(VERIFIERS))
+def test_the_bonus_row_counts_every_draft(verification):
+    """Drafts of one token X under a negative frequency penalty (a boost), certain to be accepted
+    (X leads each row by 10 once its drafts before are counted); at the bonus row X trails the
+    runner-up Y by 10 before the N drafts are counted and leads by 5 after: its token is X only
+    if the kernels count all N drafts there (read uncounted, X's value falls below the row's
+    statistics' and Y wins)."""
+    x, y, boost = 3, 8, 5.0
+    logits = torch.full((1, N + 1, V), -30.0)
+    logits[0, :, y] = 10.0
+    logits[0, :N, x] = 20.0 - boost * torch.arange(N)  # row j: X counted j times
+    logits[0, N, x] = 0.0
+    ids = torch.full((1, N), x, device=DEVICE)
+    step = Step(frequency_penalty=torch.tensor([-boost], device=DEVICE),
+                output_token_counts=torch.zeros(1, V, dtype=torch.int32, device=DEVICE))
+    plain = (torch.ones(1, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE),
+             torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE))
+    for seed in range(2):
+        out = VERIFIERS[verification](
+            None, ids, logits.to(DEVICE), None, torch.zeros(1, dtype=torch.int32, device=DEVICE),
+            torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.tensor([seed], device=DEVICE),
+            torch.zeros(1, dtype=torch.int64, device=DEVICE), *plain, *(None,) * 4, *step,
+            "vllm")
+        assert out.tolist() == [[x] * (N + 1)]
+
+
+def test_a_repetition_penalty_divides_exactly():
+    """Rows whose largest logit is a generated token's positive logit x under a repetition
+    penalty r: the largest logit the statistics find is x / r in float32, as the reference's
+    (a division off by one unit in the last place, as a float32 reciprocal's product is in a
+    third of cases, changes it; the tokens drawn would hardly ever show it)."""
+    g = torch.Generator().manual_seed(3)
+    batch, rows = 16, N + 1
+    logits = torch.full((batch, rows, V), -1.0)
+    logits[:, :, 5] = 1 + 63 * torch.rand(batch, rows, generator=g)
+    counts = torch.zeros(batch, V, dtype=torch.int32)
+    counts[:, 5] = 1
+    repetition = 1 + 2 * torch.rand(batch, generator=g)
+    step = to_device(Step(repetition_penalty=repetition, output_token_counts=counts))
+    ids = torch.zeros(batch, N, dtype=torch.int64, device=DEVICE)
+    plain = (torch.ones(1, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE),
+             torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE))
+    stats = row_statistics(logits.to(DEVICE), *plain, step=step_arguments(step, ids, DEVICE))
+    expected = (logits[:, :, 5] / repetition.float()[:, None]).reshape(-1)
+    assert torch.equal(stats[:, 1].float().cpu(), expected)
+
+
+def test_dividing_by_a_float64_reciprocal_rounds_as_float32_division():
+    """step_triton.py divides a positive logit x by the repetition penalty r as x * RN(1 / r) in
+    float64 rounded to float32, which must be x / r in float32 for every x and r (the argument in
+    docs/internals/kernel.md): positive float32 bit patterns over the whole range, and r near 1."""
+    g = torch.Generator().manual_seed(0)
+    for r_low, r_high in ((0x00000001, 0x7F800000), (0x3F000000, 0x40000000)):
+        x = torch.randint(0x00000001, 0x7F800000, (2_000_000,), generator=g, dtype=torch.int32)
+        r = torch.randint(r_low, r_high, (2_000_000,), generator=g, dtype=torch.int32)
+        x, r = x.view(torch.float32), r.view(torch.float32)
+        product = (x.double() * (1.0 / r.double())).float()
+        assert torch.equal((x / r).view(torch.int32), product.view(torch.int32))
