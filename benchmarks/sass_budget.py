@@ -1,7 +1,9 @@
 """Instruction budget of the row loops of the chain kernel, of the block-verification row pass, of
-the tree and traversal kernels and of the row statistics kernel, read from their SASS (sm_90 compile, no GPU):
-per variant the instructions per byte and the bytes per second an H200 could stream on
-instruction issue alone (tests/sass.py says how they are read).
+the tree and traversal kernels and of the row statistics kernel, read from their SASS (sm_90
+compile, no GPU): per variant the instructions per byte and the bytes per second an H200 could
+stream on instruction issue alone (tests/sass.py says how they are read); then the chain kernels
+and the statistics kernel applying rule step 0 with every part on, their bytes counting what step
+0 reads besides the logits.
 
     python benchmarks/sass_budget.py            # the tables (a few minutes)
 """
@@ -13,8 +15,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
-from sass import (COMPILERS, GOAL_BYTES_PER_S, PROB_DTYPES, budget,  # noqa: E402
-                  compile_statistics, resources, statistics_budget)
+from sass import (COMPILERS, EVERY_STEP_BYTES, EVERY_STEP_PART, GOAL_BYTES_PER_S,  # noqa: E402
+                  PROB_DTYPES, budget, compile_statistics, resources, statistics_budget)
+
+EVERY_STEP = EVERY_STEP_PART + 16 * 8  # every part, up to 8 drafts before a row
 
 
 def print_header(title: str) -> None:
@@ -23,7 +27,7 @@ def print_header(title: str) -> None:
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['variant']:46} {row['instructions_per_chunk']:16.1f} {row['bytes_per_chunk']:11d} "
+    print(f"{row['variant']:46} {row['instructions_per_chunk']:16.1f} {row['bytes_per_chunk']:11.0f} "
           f"{row['instructions_per_byte']:10.4f} {row['issue_bound'] / 1e12:9.2f} TB/s")
 
 
@@ -57,6 +61,24 @@ def main() -> int:
     for prob in PROB_DTYPES:
         kernel = compile_statistics(prob)
         for row in statistics_budget(prob, kernel):
+            ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+            print_row(row)
+        print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    print()
+    for sampler in ("chain", "block"):
+        print_header(sampler + " kernel from logits, step 0")
+        for prob in PROB_DTYPES:
+            for draft in (True, False):
+                kernel = COMPILERS[sampler](prob, draft, logits=True, step=EVERY_STEP)
+                for row in budget(prob, draft, kernel, sampler, " step 0", EVERY_STEP_BYTES):
+                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
+                    print_row(row)
+                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+        print()
+    print_header("row statistics kernel, step 0")
+    for prob in PROB_DTYPES:
+        kernel = compile_statistics(prob, step=EVERY_STEP)
+        for row in statistics_budget(prob, kernel, " step 0", EVERY_STEP_BYTES):
             ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
             print_row(row)
         print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")

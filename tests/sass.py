@@ -75,11 +75,22 @@ def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
+# Rule step 0's arguments (core/sampling/step_triton.py) as the launchers pass them: float32
+# bias, int32 bitmask and counts, a bool prompt mask, float64 penalties.
+STEP_TYPES = {"bias_ptr": "*fp32", "bitmask_ptr": "*i32", "counts_ptr": "*i32",
+              "prompt_ptr": "*i1", "penalties_ptr": "*fp64"}
+EVERY_STEP_PART = 15  # bias, mask, penalties and prompt mask: step_triton.py's flags summed
+# What step 0 with every part reads per value besides the logits: a float32 bias, a bitmask bit,
+# an int32 count, a bool prompt mask.
+EVERY_STEP_BYTES = 4 + 1 / 8 + 4 + 1
+STEP_SOURCE = "core/sampling/step_triton.py"
+
+
 def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
-                 logits=False, draft_logits=False, varlen=False):
+                 logits=False, draft_logits=False, varlen=False, step=0):
     """The token-verification kernel as the launcher would specialise it (``logits``: reading
     logits through their rows' statistics; ``draft_logits``: the draft's too; ``varlen``: a
-    flattened batch's rows)."""
+    flattened batch's rows; ``step``: rule step 0's flags)."""
     from specops.chain.token.kernel import chain_speculative_sampling_kernel
     from specops.chain.token import launch
 
@@ -87,17 +98,17 @@ def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, align
              "accepted_ptr": "*" + acc, "emitted_ptr": "*" + emit, "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
              "arrivals_ptr": "*i32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64",
-             "cu_ptr": "*i64"}
+             "cu_ptr": "*i64", **STEP_TYPES}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "GROUP": launch.GROUP, "CHUNK": CHUNK,
                   "LOGITS": logits, "DRAFT_LOGITS": draft_logits,
-                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST, "VARLEN": varlen}
+                  "BLOCK_P": launch.MAX_PROGRAMS_PER_REQUEST, "VARLEN": varlen, "STEP": step}
     return compile_for_hopper(chain_speculative_sampling_kernel, types, constexprs, aligned,
-                              (launch.MAIN_FROM_LOGITS if logits else launch.MAIN_FLATTENED
-                               if varlen else launch.MAIN).options)
+                              (launch.MAIN_STEP if step else launch.MAIN_FROM_LOGITS if logits
+                               else launch.MAIN_FLATTENED if varlen else launch.MAIN).options)
 
 
 def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
-                           draft_logits=False, varlen=False):
+                           draft_logits=False, varlen=False, step=0):
     """The block-verification row pass as its launcher would specialise it (``logits``,
     ``draft_logits``, ``varlen``: as for compile_main)."""
     from specops.chain.block.kernel import block_row_pass_kernel
@@ -106,11 +117,12 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
              "seed_ptr": "*i64", "offset_ptr": "*i64", "partials_ptr": "*fp64",
              "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64",
-             "cu_ptr": "*i64"}
+             "cu_ptr": "*i64", **STEP_TYPES}
     constexprs = {"HAS_DRAFT": draft, "GROUP": launch.GROUP, "CHUNK": CHUNK, "LOGITS": logits,
-                  "DRAFT_LOGITS": draft_logits, "VARLEN": varlen}
+                  "DRAFT_LOGITS": draft_logits, "VARLEN": varlen, "STEP": step}
     return compile_for_hopper(block_row_pass_kernel, types, constexprs, aligned,
-                              (launch.ROW_PASS_FROM_LOGITS if logits else launch.ROW_PASS).options)
+                              (launch.ROW_PASS_STEP if step else launch.ROW_PASS_FROM_LOGITS
+                               if logits else launch.ROW_PASS).options)
 
 
 def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
@@ -228,9 +240,47 @@ def is_16_byte_load(op: str) -> bool:
     return parts[0] == "LDG" and "128" in parts[1:]
 
 
+def is_step_load(lines) -> bool:
+    """Whether a load comes from rule step 0 (its innermost source line in step_triton.py)."""
+    return bool(lines) and lines[0][0] == STEP_SOURCE
+
+
+@functools.lru_cache(maxsize=1)
+def draft_hit_line() -> tuple[str, int]:
+    """(file, line) of step 0's test of whether a draft falls in the chunk (adjusted_row)."""
+    from specops.core.sampling.step_triton import adjusted_row
+
+    source = inspect.getsourcefile(adjusted_row.fn)
+    found = [(path, line) for path, line in source_lines(adjusted_row)
+             if linecache.getline(source, line).strip().startswith("if (d >= start)")]
+    assert len(found) == 1, "adjusted_row's test of a draft in the chunk not found"
+    return found[0]
+
+
+def every_chunk(rows, first: int, last: int) -> list[tuple[str, tuple]]:
+    """(text, lines) of the instructions of the loop rows[first:last + 1] that every iteration
+    may run: all but a draft's count in a chunk it falls in (the code a branch at step 0's hit
+    test skips), which runs in at most one chunk of a row per draft."""
+    where = {label: i for i, (label, _, _) in enumerate(rows) if label}
+    hit, body, skip_to = draft_hit_line(), [], None
+    for i in range(first, last + 1):
+        label, text, lines = rows[i]
+        if skip_to is not None and i < skip_to:
+            continue
+        skip_to = None
+        if not text:
+            continue
+        body.append((text, lines))
+        m = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
+        if m and text.startswith("@") and lines and lines[0] == hit and where[m.group(1)] > i:
+            skip_to = where[m.group(1)]
+    return body
+
+
 def row_loops(kernel) -> dict[str, dict]:
     """The row loops of a compiled kernel, by the function they come from: instructions per
-    iteration, 16-byte loads per iteration, and the instructions that are not 'real' work."""
+    iteration (``every_chunk``'s), 16-byte loads of the rows per iteration (``loads16``; rule step
+    0's loads apart: ``step_loads``, its 16-byte and other loads), and the opcodes."""
     markers = row_loop_markers()
     rows = disassemble(kernel.asm["cubin"])
     found = {}
@@ -242,9 +292,15 @@ def row_loops(kernel) -> dict[str, dict]:
                  if all(touched.intersection(lines) for lines in sets)]
         if names:
             name = max(names, key=lambda n: len(markers[n]))
-            opcodes = [opcode(t) for t, _ in body]
-            found[name] = {"instructions": len(body), "opcodes": opcodes,
-                           "loads16": sum(map(is_16_byte_load, opcodes))}
+            rows_ops = [opcode(t) for t, lines in body if not is_step_load(lines)]
+            step_ops = [opcode(t) for t, lines in body
+                        if is_step_load(lines) and opcode(t).startswith("LDG")]
+            found[name] = {"instructions": len(every_chunk(rows, first, last)),
+                           "opcodes": rows_ops,
+                           "loads16": sum(map(is_16_byte_load, rows_ops)),
+                           "step_loads": {"loads16": sum(map(is_16_byte_load, step_ops)),
+                                          "other": len(step_ops) - sum(map(is_16_byte_load,
+                                                                            step_ops))}}
     return found
 
 
@@ -259,35 +315,36 @@ def compile_report(kernel, with_row_loops: bool = False) -> dict:
     found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
     if with_row_loops:
         found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
-            op.startswith("LDG") and not is_16_byte_load(op) for op in loop["opcodes"])}
-            for name, loop in row_loops(kernel).items()}
+            op.startswith("LDG") and not is_16_byte_load(op) for op in loop["opcodes"]),
+            "step_loads": loop["step_loads"]} for name, loop in row_loops(kernel).items()}
     return found
 
 
 LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
 
 
-def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: str = ""
-           ) -> list[dict]:
+def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: str = "",
+           step_bytes: float = 0) -> list[dict]:
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
-    instructions per byte (all warps of a program) and the issue-bound bandwidth."""
+    instructions per byte (all warps of a program) and the issue-bound bandwidth. ``step_bytes``:
+    what rule step 0 reads per value besides the rows (EVERY_STEP_BYTES with every part on)."""
     kernel = kernel or COMPILERS[sampler](prob, draft)
     num_warps = kernel.metadata.num_warps
     elem = PROB_DTYPES[prob]
     return [budget_row(f"{prob}{label} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
                        loop["instructions"], loop["loads16"], 2 if name == "residual" else 1,
-                       elem, num_warps)
+                       elem, num_warps, step_bytes)
             for name, loop in sorted(row_loops(kernel).items())]
 
 
 def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, elem: int,
-               num_warps: int) -> dict:
-    """A loop's budget row from its instructions and 16-byte loads per iteration: instructions
-    per chunk (per warp), bytes per chunk, instructions per byte (all warps of a program) and the
-    issue-bound bandwidth."""
+               num_warps: int, step_bytes: float = 0) -> dict:
+    """A loop's budget row from its instructions and 16-byte loads of the rows per iteration:
+    instructions per chunk (per warp), bytes per chunk (the rows' and ``step_bytes`` a value),
+    instructions per byte (all warps of a program) and the issue-bound bandwidth."""
     chunks = loads16 / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
     per_chunk = instructions / chunks
-    chunk_bytes = rows_read * CHUNK * elem
+    chunk_bytes = rows_read * CHUNK * elem + CHUNK * step_bytes
     per_byte = per_chunk * num_warps / chunk_bytes
     return {"variant": variant, "instructions_per_chunk": per_chunk,
             "chunks_per_iteration": chunks, "bytes_per_chunk": chunk_bytes,
@@ -298,17 +355,18 @@ COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": com
              "traversal": compile_traversal}
 
 
-def compile_statistics(prob, varlen=False):
+def compile_statistics(prob, varlen=False, step=0):
     """The row statistics kernel (verification from logits' first stage) as its launcher
-    specialises it (``varlen``: a flattened batch's rows)."""
-    from specops.core.logits.launch import STATISTICS
+    specialises it (``varlen``: a flattened batch's rows; ``step``: rule step 0's flags)."""
+    from specops.core.logits.launch import statistics_kernel
     from specops.core.logits.triton import row_statistics_kernel
 
     types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
-             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "cu_ptr": "*i64"}
-    return compile_for_hopper(row_statistics_kernel, types, {"CHUNK": CHUNK, "VARLEN": varlen},
-                              True,
-                              STATISTICS.options)
+             "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "cu_ptr": "*i64",
+             "ids_ptr": "*i64", **STEP_TYPES}
+    return compile_for_hopper(row_statistics_kernel, types,
+                              {"CHUNK": CHUNK, "VARLEN": varlen, "STEP": step}, True,
+                              statistics_kernel(step).options)
 
 
 def compile_processed_rows(prob):
@@ -332,7 +390,8 @@ def compile_row_entropy(prob):
     return compile_for_hopper(row_entropy_kernel, types, {"CHUNK": CHUNK}, True, ENTROPY.options)
 
 
-def statistics_budget(prob: str, kernel=None) -> list[dict]:
+def statistics_budget(prob: str, kernel=None, label: str = "", step_bytes: float = 0
+                      ) -> list[dict]:
     """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
     mass passes: every pass reads the row once), as ``budget``'s rows."""
     from specops.core.logits.triton import _count, _mass, _peak
@@ -346,11 +405,12 @@ def statistics_budget(prob: str, kernel=None) -> list[dict]:
     out = []
     for first, last in innermost_loops(rows):
         body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
-        loads = sum(is_16_byte_load(opcode(t)) for t, _ in body)
+        loads = sum(is_16_byte_load(opcode(t)) for t, lines in body if not is_step_load(lines))
         names = [name for name, lines in marks.items()
                  if {line for _, ls in body for line in ls} & lines]
         if not loads or len(names) != 1:  # not a pass over the row
             continue
-        out.append(budget_row(f"{prob} statistics {names[0]} pass", len(body), loads, 1, elem,
-                              num_warps))
+        out.append(budget_row(f"{prob}{label} statistics {names[0]} pass",
+                              len(every_chunk(rows, first, last)), loads, 1, elem, num_warps,
+                              step_bytes))
     return out

@@ -36,7 +36,8 @@ ROW_SPECS = ([(prob, draft, True, "i64") for prob in PROB_DTYPES for draft in (T
 SCAN_SPECS = [("bf16", True, 4), ("fp32", False, 8), ("fp16", True, 16), ("bf16", False, 16),
               ("fp32", True, 32), ("bf16", True, 8, True), ("fp16", True, 16, True),
               ("fp32", True, 1),  # N = 0: one lane
-              ("bf16", True, 16, False, True), ("fp16", True, 16, True, True)]  # flattened
+              ("bf16", True, 16, False, True), ("fp16", True, 16, True, True),  # flattened
+              ("bf16", True, 8, True, False, 15 + 16 * 8)]  # rule step 0, every part on
 
 WORKER = r'''
 import json, sys
@@ -45,14 +46,15 @@ from specops.chain.block.launch import MAX_SPLITS, SCAN
 from specops.chain.block.kernel import block_scan_kernel
 
 
-def compile_scan(prob, draft, block_n, logits=False, varlen=False):
+def compile_scan(prob, draft, block_n, logits=False, varlen=False, step=0):
     types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*i32",
              "accepted_ptr": "*i32", "emitted_ptr": "*i64", "seed_ptr": "*i64",
              "offset_ptr": "*i64", "out_ptr": "*i32", "partials_ptr": "*fp64",
              "masses_ptr": "*fp32", "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64",
-             "cu_ptr": "*i64"}
+             "cu_ptr": "*i64", **sass.STEP_TYPES}
     constexprs = {"HAS_DRAFT": draft, "BLOCK_N": block_n, "BLOCK_S": MAX_SPLITS, "CHUNK": 1024,
-                  "LOGITS": logits, "DRAFT_LOGITS": logits and draft, "VARLEN": varlen}
+                  "LOGITS": logits, "DRAFT_LOGITS": logits and draft, "VARLEN": varlen,
+                  "STEP": step}
     return sass.compile_for_hopper(block_scan_kernel, types, constexprs,
                                           options=SCAN.options)
 

@@ -1,0 +1,94 @@
+"""Ahead-of-time compilation for Hopper (sm_90) of the kernels that apply rule step 0 as they read
+the target's logits (core/sampling/step_triton.py), no GPU needed (the approach of
+tests/test_triton_compile.py; tests/sass.py does the compiling and the reading).
+
+Step 0 reads, besides each logit, a float32 bias, an int32 count, a prompt mask's byte and a bit
+of the grammar mask, and counts the drafts before the row. With every part on: nothing may spill,
+the rows and the bias and counts must still be read with 16-byte loads, and each row loop must
+issue fast enough for what it moves (the logits and step 0's bytes: sass.EVERY_STEP_BYTES a value)
+to stream faster than 1.25 x the H200's bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compile_checks import (assert_16_byte_row_loads, assert_issue_bounds, assert_no_spills,
+                            run_worker)  # tests/compile_checks.py
+
+pytestmark = pytest.mark.sm90
+
+EVERY = 15 + 16 * 8  # every part on (sass.EVERY_STEP_PART), up to 8 drafts before a row
+
+# (kernel, dtype, draft_probs given, draft logits, flattened, STEP)
+SPECS = [("token", "bf16", True, False, False, EVERY), ("token", "fp32", True, False, False, EVERY),
+         ("token", "fp16", False, False, False, EVERY),
+         ("token", "bf16", True, True, True, EVERY),
+         ("token", "bf16", True, False, False, 1),  # the bias alone
+         ("block", "bf16", True, False, False, EVERY), ("block", "fp32", True, False, False, EVERY),
+         ("block", "fp16", False, False, False, EVERY),
+         ("statistics", "bf16", None, None, False, EVERY),
+         ("statistics", "fp32", None, None, False, EVERY),
+         ("statistics", "fp16", None, None, True, EVERY)]
+
+WORKER = r'''
+import json, sys
+import sass  # tests/sass.py
+
+out = []
+for kind, prob, draft, draft_logits, varlen, step in json.loads(sys.argv[1]):
+    step_bytes = sass.EVERY_STEP_BYTES if step == 15 + 16 * 8 else 4
+    if kind == "statistics":
+        kernel = sass.compile_statistics(prob, varlen, step)
+        found = sass.compile_report(kernel)
+        found["budget"] = sass.statistics_budget(prob, kernel, " step 0", step_bytes)
+    else:
+        compile = sass.compile_main if kind == "token" else sass.compile_block_row_pass
+        extra = {"block_n": 8} if kind == "token" else {}
+        kernel = compile(prob, draft, logits=True, draft_logits=draft_logits, varlen=varlen,
+                         step=step, **extra)
+        found = sass.compile_report(kernel, with_row_loops=True)
+        found["budget"] = sass.budget(prob, draft, kernel, kind, " step 0", step_bytes)
+    out.append(found)
+print(json.dumps(out))
+'''
+
+COMPILE_JOBS = [(WORKER, json.dumps(SPECS[i::2])) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    reports = [run_worker(*job) for job in COMPILE_JOBS]
+    return [(spec, reports[i % 2][i // 2]) for i, spec in enumerate(SPECS)]
+
+
+def test_no_spills(compiled):
+    for spec, report in compiled:
+        assert_no_spills(report, spec)
+
+
+def test_rows_bias_and_counts_use_16_byte_loads(compiled):
+    for spec, report in compiled:
+        kind, prob, draft, _, _, step = spec
+        if kind == "statistics":
+            continue
+        expected = {"p", "residual"} if draft else {"p", "scaled"} if kind == "block" else {"p"}
+        assert set(report["row_loops"]) == expected, (spec, report)
+        assert_16_byte_row_loads(report, prob, spec)
+        # The bias (float32) and, with the penalties, the counts (int32): 4 bytes a value, 16 a
+        # load, over the program's threads, for every chunk an iteration reads.
+        threads = 32 * report["num_warps"]
+        per_row = 1024 * (4 if prob == "fp32" else 2) // 16 // threads
+        for name, loop in report["row_loops"].items():
+            chunks = loop["loads16"] // (per_row * (2 if name == "residual" else 1))
+            loads = chunks * (2 if step == EVERY else 1) * 1024 * 4 // 16 // threads
+            assert loop["step_loads"]["loads16"] >= loads, (spec, name, loop)
+
+
+def test_issue_bound_beats_the_goal(compiled):
+    # token: p and residual (draft given), p (None); block: p and residual, p and w p; the
+    # statistics kernel's six passes
+    assert_issue_bounds([row for _, report in compiled for row in report["budget"]],
+                        2 + 2 + 1 + 2 + 2 + 2 + 2 + 2 + 3 * 6)
