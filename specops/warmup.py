@@ -32,6 +32,10 @@ def warmup(
     logits: Choices = False,
     parents_dtype: Union[torch.dtype, Iterable[torch.dtype]] = torch.int64,
     flattened: Choices = False,
+    logit_bias: Choices = False,
+    allowed_token_bitmask: Choices = False,
+    penalties: Choices = False,
+    prompt_token_mask: Choices = False,
 ) -> int:
     """Compile and load every Triton kernel that ``chain_speculative_sampling`` (and, with
     ``verification="tree"``, ``tree_speculative_sampling``) can launch on ``device`` for these
@@ -49,11 +53,15 @@ def warmup(
     (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
     draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
-    with a logit bias, a grammar mask or a penalty the kernels read float32 copies of the rows, so
-    include ``torch.float32``; logprobs and typical acceptance's entropy pass are loaded with
-    them, and lossy acceptance draws its last token through the chain of no drafts, or the tree
-    of one node: include 0 in ``num_draft``, and 1 for "tree"), False for
-    ``chain_speculative_sampling``.  For "tree" and "traversal",
+    logprobs and typical acceptance's entropy pass are loaded with them, and lossy acceptance
+    draws its last token through the chain of no drafts, or the tree of one node: include 0 in
+    ``num_draft``, and 1 for "tree"), False for ``chain_speculative_sampling``. From logits, the
+    parts of step 0 a call turns on select the chain kernels too (they apply them as they read
+    the rows): ``logit_bias`` (float32), ``allowed_token_bitmask``, ``penalties`` (any of the
+    three, with int32 output_token_counts) and ``prompt_token_mask`` (with penalties only) each
+    True where the loop's calls give it, False where not, or (False, True) for both; a tree, or a
+    call asking for logprobs, reads float32 copies of the adjusted rows instead, so include
+    ``torch.float32`` for those.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
@@ -80,6 +88,12 @@ def warmup(
     from_logits = _members("logits", _choices(logits, bool), (False, True))
     parents_dtypes = _members("parents_dtype", _choices(parents_dtype, torch.dtype), INDEX_DTYPES)
     layouts = _members("flattened", _choices(flattened, bool), (False, True))
+    parts = [_members(name, _choices(value, bool), (True, False)) for name, value in (
+        ("logit_bias", logit_bias), ("allowed_token_bitmask", allowed_token_bitmask),
+        ("penalties", penalties), ("prompt_token_mask", prompt_token_mask))]
+    # A prompt mask without penalties changes nothing: the same kernels as without it.
+    steps = sorted({(bias, mask, penalty, prompt and penalty)
+                    for bias, mask, penalty, prompt in itertools.product(*parts)})
     device = torch.device(device)
     if selected_backend(device) != "triton":
         return 0
@@ -107,9 +121,11 @@ def warmup(
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         count = 0
         chains = [mode for mode in modes if mode in ("token", "block")]
-        for mode, logit, dt, n, has_draft, ids_dt, counter_dt, flat in itertools.product(
+        for mode, logit, dt, n, has_draft, ids_dt, counter_dt, flat, step in itertools.product(
                 chains, from_logits, dtypes, num_drafts, has_drafts, ids_dtypes, counter_dtypes,
-                layouts):
+                layouts, steps):
+            if step != steps[0] and not logit:  # step 0 is verification from logits' only
+                continue
             for source in sources[has_draft, logit]:
                 target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
                 draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None
@@ -126,7 +142,8 @@ def warmup(
                 if logit:  # (draft_probs, ids, target_logits, draft_logits, counters, seed, offset)
                     args[:3] = [draft if source == "probs" else None, ids, target]
                     args.insert(3, draft if source == "logits" else None)
-                    args += parameters + [None] * OPTIONAL  # the draft's, no step 0
+                    args += (parameters + [None] * 4  # the draft's
+                             + list(_step(device, vocab, n, flat, *step)) + [None])
                 # Split over two programs too where V has two chunks (block: its scan kernel).
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs, **layout)
@@ -158,6 +175,25 @@ def warmup(
                                                      seed[1:], True, rule)
                 count += 1
         return count
+
+
+def _step(device: torch.device, vocab: int, num_draft: int, flat: bool, bias: bool, mask: bool,
+          penalties: bool, prompt: bool):
+    """Step 0 (core/logits/rule.Step) of one request of ``num_draft`` drafts with the parts
+    that are True, in the dtypes the public functions document."""
+    from .core.logits.rule import Step
+
+    def request(dtype):
+        return torch.zeros(1, vocab, dtype=dtype, device=device)
+
+    rows = (num_draft + 1,) if flat else (1, num_draft + 1)
+    one = torch.ones(1, device=device)
+    return Step(request(torch.float32) if bias else None,
+                torch.zeros(*rows, -(-vocab // 32), dtype=torch.int32, device=device) if mask
+                else None,
+                one if penalties else None, None, None,
+                request(torch.int32) if penalties else None,
+                request(torch.bool) if prompt else None)
 
 
 def _count(name: str, value, least: int = 1) -> int:

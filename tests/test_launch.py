@@ -112,7 +112,8 @@ import specops
 
 VOCAB, NUM_DRAFT = 2048, 3
 first, verification, logits = sys.argv[1:4]
-logits = logits == "logits"
+step = logits == "logits+step"  # with a logit bias, a grammar mask and every penalty
+logits = logits.startswith("logits")
 
 
 def call(draft, ids, target, acc, emit, **kwargs):
@@ -139,6 +140,14 @@ def call(draft, ids, target, acc, emit, **kwargs):
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
                                            verification=verification, **kwargs)
         return
+    if step:
+        batch, n = ids.shape
+        kwargs.update(logit_bias=torch.zeros(batch, VOCAB),
+                      allowed_token_bitmask=torch.full((batch, n + 1, VOCAB // 32), -1,
+                                                       dtype=torch.int32),
+                      repetition_penalty=1.2, frequency_penalty=0.1,
+                      output_token_counts=torch.zeros(batch, VOCAB, dtype=torch.int32),
+                      prompt_token_mask=torch.zeros(batch, VOCAB, dtype=torch.bool))
     for source in (("probs", "logits") if draft is not None else (None,)):
         specops.chain_speculative_sampling_from_logits(
             draft if source == "probs" else None, ids, target, acc, emit, temperature=0.7,
@@ -164,7 +173,8 @@ def calls(has_draft):
 
 if first == "warmup":
     specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
-                   verification=verification, logits=logits)
+                   verification=verification, logits=logits, logit_bias=step,
+                   allowed_token_bitmask=step, penalties=step, prompt_token_mask=step)
 else:  # one call of each kind
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
@@ -192,7 +202,7 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
     ("warmup", "token", "probs"), ("one call", "token", "probs"), ("warmup", "block", "probs"),
     ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
     ("warmup", "tree", "probs"), ("one call", "tree", "probs"), ("warmup", "tree", "logits"),
-    ("warmup", "traversal", "probs"),
+    ("warmup", "traversal", "probs"), ("warmup", "token", "logits+step"),
 ])
 def test_nothing_compiles_after_warm_up(first, verification, logits):
     result = run_standin(NO_NEW_KERNELS, first, verification, logits)
@@ -203,8 +213,10 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     # Tree: its one kernel, with and without draft_probs; from logits, the statistics kernel, the
     # pass that writes the processed rows, and the float32 tree kernel with and without drafts.
     # Traversal: its kernel with draft_probs, the tree kernel without (the token rule's).
-    # From logits, every mode also loads the entropy pass typical acceptance reads.
-    expected = {("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
+    # From logits, every mode also loads the entropy pass typical acceptance reads. With step 0
+    # on, the target's statistics kernel and the main kernels apply it (the draft logits'
+    # statistics kernel does not).
+    expected = {("token", "logits+step"): 6, ("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
                 ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5,
                 ("traversal", "probs"): 2}
     if (verification, logits) in expected:

@@ -501,6 +501,7 @@ def test_numpy_integer_seeds_are_ints():
     (dict(ids_dtype=torch.int16), "ids_dtype must be one of int32, int64"),
     (dict(counter_dtype=torch.float32), "counter_dtype must be one of int32, int64"),
     (dict(draft_probs="yes"), "draft_probs must be one of True, False; got 'yes'"),
+    (dict(logits=True, penalties=(False, "on")), "penalties must be one of True, False; got 'on'"),
 ])
 def test_warmup_refuses_settings_no_call_can_have_on_every_device(changes, fragment):
     # On a CPU warmup loads nothing, but a typo must not pass silently there and fail on a GPU.
