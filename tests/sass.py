@@ -83,8 +83,6 @@ EVERY_STEP_PART = 15  # bias, mask, penalties and prompt mask: step_triton.py's 
 # What step 0 with every part reads per value besides the logits: a float32 bias, a bitmask bit,
 # an int32 count, a bool prompt mask.
 EVERY_STEP_BYTES = 4 + 1 / 8 + 4 + 1
-STEP_SOURCE = "core/sampling/step_triton.py"
-
 
 def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
                  logits=False, draft_logits=False, varlen=False, step=0):
@@ -240,20 +238,34 @@ def is_16_byte_load(op: str) -> bool:
     return parts[0] == "LDG" and "128" in parts[1:]
 
 
+@functools.lru_cache(maxsize=1)
+def step_load_lines() -> set[tuple[str, int]]:
+    """(file, line) of rule step 0's loads in a chunk read (step_triton.py's ``adjusted`` and
+    ``adjusted_row``: the bias, mask, counts, prompt mask and draft ids)."""
+    from specops.core.sampling.step_triton import adjusted, adjusted_row
+
+    source = inspect.getsourcefile(adjusted.fn)
+    return {(path, line) for fn in (adjusted, adjusted_row) for path, line in source_lines(fn)
+            if "tl.load(" in linecache.getline(source, line)}
+
+
 def is_step_load(lines) -> bool:
-    """Whether a load comes from rule step 0 (its innermost source line in step_triton.py)."""
-    return bool(lines) and lines[0][0] == STEP_SOURCE
+    """Whether a load comes from rule step 0: its innermost source line one of its loads' (a
+    compiler may place a row's own load on another line of step_triton.py, where it is used)."""
+    return bool(lines) and lines[0] in step_load_lines()
 
 
 @functools.lru_cache(maxsize=1)
 def draft_hit_line() -> tuple[str, int]:
-    """(file, line) of step 0's test of whether a draft falls in the chunk (adjusted_row)."""
+    """(file, line) of step 0's test of whether a draft falls in the chunk (adjusted_row's
+    unrolled one)."""
     from specops.core.sampling.step_triton import adjusted_row
 
     source = inspect.getsourcefile(adjusted_row.fn)
     found = [(path, line) for path, line in source_lines(adjusted_row)
              if linecache.getline(source, line).strip().startswith("if (d >= start)")]
-    assert len(found) == 1, "adjusted_row's test of a draft in the chunk not found"
+    assert len(found) == 2, "adjusted_row's tests of a draft in the chunk not found"
+    return found[0]
     return found[0]
 
 

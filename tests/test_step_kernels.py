@@ -162,18 +162,17 @@ def test_kernels_read_the_adjusted_rows(verification, layout, parts):
 
 
 @pytest.mark.parametrize("verification", list(VERIFIERS))
-def test_the_bonus_row_counts_every_draft(verification):
-    """Drafts of one token X under a negative frequency penalty (a boost), certain to be accepted
-    (X leads each row by 10 once its drafts before are counted); at the bonus row X trails the
-    runner-up Y by 10 before the N drafts are counted and leads by 5 after: its token is X only
-    if the kernels count all N drafts there (read uncounted, X's value falls below the row's
-    statistics' and Y wins)."""
-    x, y, boost = 3, 8, 5.0
-    logits = torch.full((1, N + 1, V), -30.0)
+@pytest.mark.parametrize("num_draft", [N, 20])  # 20: counted in a loop, not unrolled
+def test_the_rows_count_every_draft_before_them(verification, num_draft):
+    """Drafts of one token X under a negative frequency penalty (a boost of 20 a count): X leads
+    each row by 10 once its drafts before are counted, so every draft is accepted, and at the
+    bonus row too, where the token is then X. A row that counts one draft too few has X trailing
+    the runner-up Y by 10: a draft rejected for Y, or Y drawn at the bonus row."""
+    x, y, boost = 3, 8, 20.0
+    logits = torch.full((1, num_draft + 1, V), -30.0)
     logits[0, :, y] = 10.0
-    logits[0, :N, x] = 20.0 - boost * torch.arange(N)  # row j: X counted j times
-    logits[0, N, x] = 0.0
-    ids = torch.full((1, N), x, device=DEVICE)
+    logits[0, :, x] = 20.0 - boost * torch.arange(num_draft + 1)  # row j: X counted j times
+    ids = torch.full((1, num_draft), x, device=DEVICE)
     step = Step(frequency_penalty=torch.tensor([-boost], device=DEVICE),
                 output_token_counts=torch.zeros(1, V, dtype=torch.int32, device=DEVICE))
     plain = (torch.ones(1, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE),
@@ -184,7 +183,7 @@ def test_the_bonus_row_counts_every_draft(verification):
             torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.tensor([seed], device=DEVICE),
             torch.zeros(1, dtype=torch.int64, device=DEVICE), *plain, *(None,) * 4, *step,
             "vllm")
-        assert out.tolist() == [[x] * (N + 1)]
+        assert out.tolist() == [[x] * (num_draft + 1)]
 
 
 def test_a_repetition_penalty_divides_exactly():

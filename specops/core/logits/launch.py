@@ -21,9 +21,9 @@ STATS_FIELDS = 6  # triton.STATS
 # reduction among twice the values (docs/internals/kernel.md, the instruction budget).
 FROM_LOGITS_OPTIONS = build_options(2)
 # With rule step 0 applied as the rows are read, a value holds more (its bias, count, the drafts'
-# hits): at 2 warps Triton 3.6's ptxas runs out of registers and spills; at 4 (8 values a
-# thread) it does not.
-FROM_LOGITS_STEP_OPTIONS = build_options(4)
+# hits): at 2 warps Triton 3.6's ptxas runs out of registers and spills; at 4 (8 values a thread)
+# it does not, given the cap of 255 (without one it keeps a long chain's variant to 96 and spills).
+FROM_LOGITS_STEP_OPTIONS = build_options(4, maxnreg=255)
 # The statistics kernel likewise; given no register cap at 2 warps, ptxas keeps it to 64 registers
 # and spills around the bisections' bookkeeping, and with a cap of 128 it takes what it needs.
 STATISTICS = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=128))

@@ -24,8 +24,9 @@ MASK = tl.constexpr(2)  # allowed_token_bitmask, a row of ceil(V / 32) int32 wor
 PENALTIES = tl.constexpr(4)
 PROMPT = tl.constexpr(8)  # prompt_token_mask (B, V) bool, read with the penalties
 # STEP's higher part: with penalties, DRAFTS times the most drafts before a row (a power of two
-# at least N), which a chunk read counts unrolled.
+# at least N), which a chunk read counts unrolled up to UNROLLED of them, in a loop beyond.
 DRAFTS = tl.constexpr(16)
+UNROLLED = tl.constexpr(16)
 WORD_BITS = tl.constexpr(32)
 
 
@@ -108,18 +109,25 @@ def adjusted(x, cols, inside, mask_words, drafts, request, STEP: tl.constexpr):
 @triton.jit
 def adjusted_row(x, start, lane, inside, step, STEP: tl.constexpr):
     """``adjusted`` for a chunk of one row, tokens start + lane, read through its context
-    ``step`` (``row_step``). The drafts before the row are counted without a loop in the row
-    loop: up to STEP // DRAFTS of them, unrolled, each a scalar test of whether it falls in this
-    chunk and a compare of the chunk only where it does."""
+    ``step`` (``row_step``). The drafts before the row are counted each with a scalar test of
+    whether it falls in this chunk and a compare of the chunk only where it does: unrolled (no
+    loop in the row loop) up to UNROLLED drafts, in a loop for longer chains (an unrolled copy per
+    draft in every row loop would grow the kernel with N)."""
     request, mask_row, ids0, stride_in, before = step
     cols = start + lane
     drafts = tl.zeros(lane.shape, tl.int32)
     if PENALTIES & STEP:
-        for k in tl.static_range(STEP // DRAFTS):
-            if k < before:
+        if STEP // DRAFTS <= UNROLLED:
+            for k in tl.static_range(STEP // DRAFTS):
+                if k < before:
+                    d = tl.load(ids0 + k * stride_in)
+                    if (d >= start) & (d < start + lane.shape[0]):
+                        drafts += (lane == (d - start).to(tl.int32)).to(tl.int32)  # 32-bit
+        else:
+            for k in range(0, before):
                 d = tl.load(ids0 + k * stride_in)
                 if (d >= start) & (d < start + lane.shape[0]):
-                    drafts += (lane == (d - start).to(tl.int32)).to(tl.int32)  # 32-bit compares
+                    drafts += (lane == (d - start).to(tl.int32)).to(tl.int32)
     return adjusted(x, cols, inside, mask_row, drafts, request, STEP)
 
 
