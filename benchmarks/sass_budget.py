@@ -31,6 +31,14 @@ def print_row(row: dict) -> None:
           f"{row['instructions_per_byte']:10.4f} {row['issue_bound'] / 1e12:9.2f} TB/s")
 
 
+def report(kernel, rows: list[dict]) -> bool:
+    """Print a kernel variant's budget rows and its registers; whether every row meets the goal."""
+    for row in rows:
+        print_row(row)
+    print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+    return all(row["issue_bound"] >= GOAL_BYTES_PER_S for row in rows)
+
+
 def main() -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     ok = True
@@ -39,10 +47,7 @@ def main() -> int:
         for prob in PROB_DTYPES:
             for draft in (True,) if sampler == "traversal" else (True, False):  # draft rows read
                 kernel = compile_variant(prob, draft)
-                for row in budget(prob, draft, kernel, sampler):
-                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                    print_row(row)
-                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+                ok &= report(kernel, budget(prob, draft, kernel, sampler))
         print()
     # The chain kernels reading logits through their rows' statistics (drafts from probabilities,
     # from logits, or neither).
@@ -52,36 +57,25 @@ def main() -> int:
             for draft, draft_logits in ((True, False), (True, True), (False, False)):
                 kernel = COMPILERS[sampler](prob, draft, logits=True, draft_logits=draft_logits)
                 label = " logits" + (" draft logits" if draft_logits else "")
-                for row in budget(prob, draft, kernel, sampler, label):
-                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                    print_row(row)
-                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+                ok &= report(kernel, budget(prob, draft, kernel, sampler, label))
         print()
     print_header("row statistics kernel (verification from logits)")
     for prob in PROB_DTYPES:
         kernel = compile_statistics(prob)
-        for row in statistics_budget(prob, kernel):
-            ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-            print_row(row)
-        print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+        ok &= report(kernel, statistics_budget(prob, kernel))
     print()
     for sampler in ("chain", "block"):
         print_header(sampler + " kernel from logits, step 0")
         for prob in PROB_DTYPES:
             for draft in (True, False):
                 kernel = COMPILERS[sampler](prob, draft, logits=True, step=EVERY_STEP)
-                for row in budget(prob, draft, kernel, sampler, " step 0", EVERY_STEP_BYTES):
-                    ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-                    print_row(row)
-                print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+                ok &= report(kernel, budget(prob, draft, kernel, sampler, " step 0",
+                                            EVERY_STEP_BYTES))
         print()
     print_header("row statistics kernel, step 0")
     for prob in PROB_DTYPES:
         kernel = compile_statistics(prob, step=EVERY_STEP)
-        for row in statistics_budget(prob, kernel, " step 0", EVERY_STEP_BYTES):
-            ok &= row["issue_bound"] >= GOAL_BYTES_PER_S
-            print_row(row)
-        print(f"{'':46} registers per thread: {resources(kernel.asm['cubin'])['REG']}")
+        ok &= report(kernel, statistics_budget(prob, kernel, " step 0", EVERY_STEP_BYTES))
     print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")
