@@ -59,9 +59,9 @@ def warmup(
     parts of step 0 a call turns on select the chain kernels too (they apply them as they read
     the rows): ``logit_bias`` (float32), ``allowed_token_bitmask``, ``penalties`` (any of the
     three, with int32 output_token_counts) and ``prompt_token_mask`` (with penalties only) each
-    True where the loop's calls give it, False where not, or (False, True) for both; a tree, or a
-    call asking for logprobs, reads float32 copies of the adjusted rows instead, so include
-    ``torch.float32`` for those.  For "tree" and "traversal",
+    True where the loop's calls give it, False where not, or (False, True) for both; a tree, a
+    call asking for logprobs and lossy acceptance read float32 copies of the adjusted rows
+    instead, so include ``torch.float32`` for those.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply

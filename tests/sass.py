@@ -266,7 +266,6 @@ def draft_hit_line() -> tuple[str, int]:
              if linecache.getline(source, line).strip().startswith("if (d >= start)")]
     assert len(found) == 2, "adjusted_row's tests of a draft in the chunk not found"
     return found[0]
-    return found[0]
 
 
 def every_chunk(rows, first: int, last: int) -> list[tuple[str, tuple]]:

@@ -163,27 +163,27 @@ def test_kernels_read_the_adjusted_rows(verification, layout, parts):
 
 @pytest.mark.parametrize("verification", list(VERIFIERS))
 @pytest.mark.parametrize("num_draft", [N, 20])  # 20: counted in a loop, not unrolled
-def test_the_rows_count_every_draft_before_them(verification, num_draft):
-    """Drafts of one token X under a negative frequency penalty (a boost of 20 a count): X leads
-    each row by 10 once its drafts before are counted, so every draft is accepted, and at the
-    bonus row too, where the token is then X. A row that counts one draft too few has X trailing
-    the runner-up Y by 10: a draft rejected for Y, or Y drawn at the bonus row."""
-    x, y, boost = 3, 8, 20.0
+@pytest.mark.parametrize("frequency", [-20.0, 20.0])  # a boost, a penalty
+def test_the_rows_count_every_draft_before_them(verification, num_draft, frequency):
+    """Drafts of one token X whose logit at row j is the runner-up Y's + 10 + j * frequency: X
+    leads each row by 10 once the j drafts before it are counted, so every draft is accepted, and
+    the bonus row's token is X. A row that counts one draft too few (under a boost) or too many
+    (under a penalty) has X trailing Y by 10: a draft rejected for Y, or Y drawn at the bonus
+    row."""
+    x, y = 3, 8
     logits = torch.full((1, num_draft + 1, V), -30.0)
     logits[0, :, y] = 10.0
-    logits[0, :, x] = 20.0 - boost * torch.arange(num_draft + 1)  # row j: X counted j times
+    logits[0, :, x] = 20.0 + frequency * torch.arange(num_draft + 1)  # row j: X counted j times
     ids = torch.full((1, num_draft), x, device=DEVICE)
-    step = Step(frequency_penalty=torch.tensor([-boost], device=DEVICE),
+    step = Step(frequency_penalty=torch.tensor([frequency], device=DEVICE),
                 output_token_counts=torch.zeros(1, V, dtype=torch.int32, device=DEVICE))
     plain = (torch.ones(1, device=DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE),
              torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE))
-    for seed in range(2):
-        out = VERIFIERS[verification](
-            None, ids, logits.to(DEVICE), None, torch.zeros(1, dtype=torch.int32, device=DEVICE),
-            torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.tensor([seed], device=DEVICE),
-            torch.zeros(1, dtype=torch.int64, device=DEVICE), *plain, *(None,) * 4, *step,
-            "vllm")
-        assert out.tolist() == [[x] * (num_draft + 1)]
+    out = VERIFIERS[verification](
+        None, ids, logits.to(DEVICE), None, torch.zeros(1, dtype=torch.int32, device=DEVICE),
+        torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.tensor([1], device=DEVICE),
+        torch.zeros(1, dtype=torch.int64, device=DEVICE), *plain, *(None,) * 4, *step, "vllm")
+    assert out.tolist() == [[x] * (num_draft + 1)]
 
 
 def test_a_repetition_penalty_divides_exactly():
@@ -209,8 +209,9 @@ def test_a_repetition_penalty_divides_exactly():
 
 def test_dividing_by_a_float64_reciprocal_rounds_as_float32_division():
     """step_triton.py divides a positive logit x by the repetition penalty r as x * RN(1 / r) in
-    float64 rounded to float32, which must be x / r in float32 for every x and r (the argument in
-    docs/internals/kernel.md): positive float32 bit patterns over the whole range, and r near 1."""
+    float64 rounded to float32, which must be x / r in float32 wherever the quotient is normal
+    (the argument, and the subnormal exception, in docs/internals/kernel.md): positive float32 bit
+    patterns over the whole range, and r near 1."""
     g = torch.Generator().manual_seed(0)
     for r_low, r_high in ((0x00000001, 0x7F800000), (0x3F000000, 0x40000000)):
         x = torch.randint(0x00000001, 0x7F800000, (2_000_000,), generator=g, dtype=torch.int32)

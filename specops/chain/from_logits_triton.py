@@ -23,9 +23,11 @@ def on_row_statistics(verify):
         parameters = (temperature, top_k, top_p, min_p)
         draft_parameters, step, order, launch = optional_arguments(rest)
         min_p_last = ORDERS[order]
-        target_step = step_arguments(step, draft_token_ids, target_logits.device,
-                                     None if flattened is None
-                                     else flattened.max_num_draft_tokens)
+        target_step = None  # none: the plain kernels, whatever the ids' dtype
+        if step.changes_logits():
+            target_step = step_arguments(step, draft_token_ids, target_logits.device,
+                                         None if flattened is None
+                                         else flattened.max_num_draft_tokens)
 
         def statistics(logits, bonus, parameters, step=None):
             """Its rows' statistics, laid out N + bonus a request (flattened too)."""

@@ -47,7 +47,7 @@ def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: tor
              + (step.allowed_token_bitmask is not None) * MASK
              + (penalties is not None) * PENALTIES
              + (penalties is not None and penalties.prompt is not None) * PROMPT)
-    if penalties is not None:  # the drafts a chunk read counts, unrolled: a power of two >= N
+    if penalties is not None:  # the drafts a chunk read counts (step_triton.adjusted_row)
         if most_drafts is None:
             most_drafts = draft_token_ids.shape[-1]
         flags += DRAFTS * (1 << (max(most_drafts, 1) - 1).bit_length())

@@ -95,9 +95,10 @@ def adjusted(x, cols, inside, mask_words, drafts, request, STEP: tl.constexpr):
         seen = count > 0
         if PROMPT & STEP:
             seen = seen | (tl.load(prompt_row + cols, mask=inside, other=0) != 0)
-        # x / r correctly rounded, without a division's slow-path call: a float32 quotient lies at
-        # least 2^-49 (relatively) from any midpoint of float32 values, x * RN(1/r) in float64
-        # within 2^-52 of it, so both round to the same float32 (docs/internals/kernel.md).
+        # x / r correctly rounded (where it is normal), without a division's slow-path call: a
+        # float32 quotient lies at least 2^-49 (relatively) from any midpoint of float32 values,
+        # x * RN(1/r) in float64 within 2^-52 of it, so both round to the same float32
+        # (docs/internals/kernel.md has the subnormal exception).
         quotient = (x.to(tl.float64) * inverse).to(tl.float32)
         x = tl.where(seen, tl.where(x > 0, quotient, x * repetition), x)
         x = x - frequency * count.to(tl.float32)
