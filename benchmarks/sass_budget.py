@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
-from sass import (COMPILERS, EVERY_STEP_BYTES, EVERY_STEP_PART, GOAL_BYTES_PER_S,  # noqa: E402
+from sass import (COMPILERS, EVERY_STEP_INPUTS, EVERY_STEP_PART, GOAL_BYTES_PER_S,  # noqa: E402
                   PROB_DTYPES, budget, compile_statistics, resources, statistics_budget)
 
 EVERY_STEP = EVERY_STEP_PART + 16 * 8  # every part, up to 8 drafts before a row
@@ -70,12 +70,12 @@ def main() -> int:
             for draft in (True, False):
                 kernel = COMPILERS[sampler](prob, draft, logits=True, step=EVERY_STEP)
                 ok &= report(kernel, budget(prob, draft, kernel, sampler, " step 0",
-                                            EVERY_STEP_BYTES))
+                                            EVERY_STEP_INPUTS))
         print()
     print_header("row statistics kernel, step 0")
     for prob in PROB_DTYPES:
         kernel = compile_statistics(prob, step=EVERY_STEP)
-        ok &= report(kernel, statistics_budget(prob, kernel, " step 0", EVERY_STEP_BYTES))
+        ok &= report(kernel, statistics_budget(prob, kernel, " step 0", EVERY_STEP_INPUTS))
     print()
     verdict = "met" if ok else "NOT met"
     print(f"goal: {GOAL_BYTES_PER_S / 1e12:.2f} TB/s for every variant: {verdict}")

@@ -80,9 +80,10 @@ def compile_for_hopper(kernel, types, constexprs, aligned=True, options=None):
 STEP_TYPES = {"bias_ptr": "*fp32", "bitmask_ptr": "*i32", "counts_ptr": "*i32",
               "prompt_ptr": "*i1", "penalties_ptr": "*fp64"}
 EVERY_STEP_PART = 15  # bias, mask, penalties and prompt mask: step_triton.py's flags summed
-# What step 0 with every part reads per value besides the logits: a float32 bias, a bitmask bit,
-# an int32 count, a bool prompt mask.
-EVERY_STEP_BYTES = 4 + 1 / 8 + 4 + 1
+# What step 0 reads per value besides the logits, each input's bytes a value: with every part, a
+# float32 bias, an int32 count, a bool prompt mask and a bitmask bit; the bias alone.
+EVERY_STEP_INPUTS = (4, 4, 1, 1 / 8)
+BIAS_INPUTS = (4,)
 
 def compile_main(prob, draft, ids="i64", acc="i32", emit="i32", block_n=8, aligned=True,
                  logits=False, draft_logits=False, varlen=False, step=0):
@@ -256,16 +257,16 @@ def is_step_load(lines) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def draft_hit_line() -> tuple[str, int]:
-    """(file, line) of step 0's test of whether a draft falls in the chunk (adjusted_row's
-    unrolled one)."""
+def draft_hit_lines() -> frozenset[tuple[str, int]]:
+    """(file, line) of step 0's tests of whether a draft falls in the chunk (adjusted_row's,
+    unrolled and looped)."""
     from specops.core.sampling.step_triton import adjusted_row
 
     source = inspect.getsourcefile(adjusted_row.fn)
-    found = [(path, line) for path, line in source_lines(adjusted_row)
-             if linecache.getline(source, line).strip().startswith("if (d >= start)")]
+    found = frozenset((path, line) for path, line in source_lines(adjusted_row)
+                      if linecache.getline(source, line).strip().startswith("if (d >= start)"))
     assert len(found) == 2, "adjusted_row's tests of a draft in the chunk not found"
-    return found[0]
+    return found
 
 
 def every_chunk(rows, first: int, last: int) -> list[tuple[str, tuple]]:
@@ -273,7 +274,7 @@ def every_chunk(rows, first: int, last: int) -> list[tuple[str, tuple]]:
     may run: all but a draft's count in a chunk it falls in (the code a branch at step 0's hit
     test skips), which runs in at most one chunk of a row per draft."""
     where = {label: i for i, (label, _, _) in enumerate(rows) if label}
-    hit, body, skip_to = draft_hit_line(), [], None
+    hits, body, skip_to = draft_hit_lines(), [], None
     for i in range(first, last + 1):
         label, text, lines = rows[i]
         if skip_to is not None and i < skip_to:
@@ -283,7 +284,7 @@ def every_chunk(rows, first: int, last: int) -> list[tuple[str, tuple]]:
             continue
         body.append((text, lines))
         m = re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", text)
-        if m and text.startswith("@") and lines and lines[0] == hit and where[m.group(1)] > i:
+        if m and text.startswith("@") and lines and lines[0] in hits and where[m.group(1)] > i:
             skip_to = where[m.group(1)]
     return body
 
@@ -308,6 +309,7 @@ def row_loops(kernel) -> dict[str, dict]:
                         if is_step_load(lines) and opcode(t).startswith("LDG")]
             found[name] = {"instructions": len(every_chunk(rows, first, last)),
                            "opcodes": rows_ops,
+                           "all_loads16": sum(is_16_byte_load(opcode(t)) for t, _ in body),
                            "loads16": sum(map(is_16_byte_load, rows_ops)),
                            "step_loads": {"loads16": sum(map(is_16_byte_load, step_ops)),
                                           "other": len(step_ops) - sum(map(is_16_byte_load,
@@ -325,7 +327,8 @@ def compile_report(kernel, with_row_loops: bool = False) -> dict:
     opcodes = [opcode(text) for _, text, _ in disassemble(kernel.asm["cubin"]) if text]
     found["spills"] = sum(op.startswith(("STL", "LDL")) for op in opcodes)
     if with_row_loops:
-        found["row_loops"] = {name: {"loads16": loop["loads16"], "other_loads": sum(
+        found["row_loops"] = {name: {"loads16": loop["loads16"],
+                                     "all_loads16": loop["all_loads16"], "other_loads": sum(
             op.startswith("LDG") and not is_16_byte_load(op) for op in loop["opcodes"]),
             "step_loads": loop["step_loads"]} for name, loop in row_loops(kernel).items()}
     return found
@@ -335,27 +338,35 @@ LOOP_LABELS = {"p": "p only", "residual": "residual read", "scaled": "w p only"}
 
 
 def budget(prob: str, draft: bool, kernel=None, sampler: str = "chain", label: str = "",
-           step_bytes: float = 0) -> list[dict]:
+           step_inputs: tuple = ()) -> list[dict]:
     """One row per row loop of the variant: instructions per chunk (per warp), bytes per chunk,
-    instructions per byte (all warps of a program) and the issue-bound bandwidth. ``step_bytes``:
-    what rule step 0 reads per value besides the rows (EVERY_STEP_BYTES with every part on)."""
+    instructions per byte (all warps of a program) and the issue-bound bandwidth.
+    ``step_inputs``: what rule step 0 reads besides the rows (EVERY_STEP_INPUTS, BIAS_INPUTS)."""
     kernel = kernel or COMPILERS[sampler](prob, draft)
     num_warps = kernel.metadata.num_warps
     elem = PROB_DTYPES[prob]
     return [budget_row(f"{prob}{label} draft={'given' if draft else 'None'} {LOOP_LABELS[name]}",
-                       loop["instructions"], loop["loads16"], 2 if name == "residual" else 1,
-                       elem, num_warps, step_bytes)
+                       loop["instructions"], loop["all_loads16"],
+                       2 if name == "residual" else 1, elem, num_warps, step_inputs)
             for name, loop in sorted(row_loops(kernel).items())]
 
 
-def budget_row(variant: str, instructions: int, loads16: int, rows_read: int, elem: int,
-               num_warps: int, step_bytes: float = 0) -> dict:
-    """A loop's budget row from its instructions and 16-byte loads of the rows per iteration:
-    instructions per chunk (per warp), bytes per chunk (the rows' and ``step_bytes`` a value),
+def loads16_per_chunk(rows_read: int, elem: int, num_warps: int, step_inputs: tuple = ()) -> int:
+    """16-byte loads a chunk takes per thread: each row's, and each step 0 input's wide enough
+    (bytes a value times values a thread) to be read 16 bytes at a time."""
+    values = CHUNK // (32 * num_warps)  # a thread's
+    return rows_read * values * elem // 16 + sum(int(w * values) // 16 for w in step_inputs)
+
+
+def budget_row(variant: str, instructions: int, all_loads16: int, rows_read: int, elem: int,
+               num_warps: int, step_inputs: tuple = ()) -> dict:
+    """A loop's budget row from its instructions and all its 16-byte loads per iteration (how
+    many chunks an iteration reads, whichever source line a compiler gives each load):
+    instructions per chunk (per warp), bytes per chunk (the rows' and step 0's inputs'),
     instructions per byte (all warps of a program) and the issue-bound bandwidth."""
-    chunks = loads16 / (rows_read * CHUNK * elem / 16 / (num_warps * 32))
+    chunks = all_loads16 / loads16_per_chunk(rows_read, elem, num_warps, step_inputs)
     per_chunk = instructions / chunks
-    chunk_bytes = rows_read * CHUNK * elem + CHUNK * step_bytes
+    chunk_bytes = rows_read * CHUNK * elem + CHUNK * sum(step_inputs)
     per_byte = per_chunk * num_warps / chunk_bytes
     return {"variant": variant, "instructions_per_chunk": per_chunk,
             "chunks_per_iteration": chunks, "bytes_per_chunk": chunk_bytes,
@@ -401,7 +412,7 @@ def compile_row_entropy(prob):
     return compile_for_hopper(row_entropy_kernel, types, {"CHUNK": CHUNK}, True, ENTROPY.options)
 
 
-def statistics_budget(prob: str, kernel=None, label: str = "", step_bytes: float = 0
+def statistics_budget(prob: str, kernel=None, label: str = "", step_inputs: tuple = ()
                       ) -> list[dict]:
     """One row per pass loop of the statistics kernel (each inlined copy of the peak, count and
     mass passes: every pass reads the row once), as ``budget``'s rows."""
@@ -416,12 +427,12 @@ def statistics_budget(prob: str, kernel=None, label: str = "", step_bytes: float
     out = []
     for first, last in innermost_loops(rows):
         body = [(text, lines) for _, text, lines in rows[first:last + 1] if text]
-        loads = sum(is_16_byte_load(opcode(t)) for t, lines in body if not is_step_load(lines))
+        loads = sum(is_16_byte_load(opcode(t)) for t, _ in body)
         names = [name for name, lines in marks.items()
                  if {line for _, ls in body for line in ls} & lines]
         if not loads or len(names) != 1:  # not a pass over the row
             continue
         out.append(budget_row(f"{prob}{label} statistics {names[0]} pass",
                               len(every_chunk(rows, first, last)), loads, 1, elem, num_warps,
-                              step_bytes))
+                              step_inputs))
     return out
