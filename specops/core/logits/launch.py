@@ -7,12 +7,15 @@ import torch
 import triton
 
 from ..launch.launcher import TritonKernel, build_options, placeholder
+from ..sampling import step_triton
 from ..sampling.race import CHUNK_SIZE
 from .rule import Step
 from .triton import processed_rows_kernel, row_statistics_kernel
 
-# core/sampling/step_triton.py's flags, and the factor of the most drafts before a row.
-BIAS, MASK, PENALTIES, PROMPT, DRAFTS = 1, 2, 4, 8, 16
+# The kernels' STEP flags, and the factor of the most drafts before a row.
+BIAS, MASK, PENALTIES, PROMPT, DRAFTS = (flag.value for flag in (
+    step_triton.BIAS, step_triton.MASK, step_triton.PENALTIES, step_triton.PROMPT,
+    step_triton.DRAFTS))
 
 STATS_FIELDS = 6  # triton.STATS
 # How the samplers build the kernels that read logits (no multiply-add contraction, as every
