@@ -462,10 +462,11 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
 @pytest.mark.parametrize("shared", [True, False], ids=["one-request", "per-row"])
 def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
     """A few rows (a single request's) are decided on the host (logits_cpu.few_rows): thresholds
-    instead of masks, masses summed on the host, top-p over the largest ranks only. Its rows must
-    be the rule's bit for bit, with ties, for short rows (one ``where``) and long ones
-    (``torch.threshold`` row by row), with -inf masks and bad logits; rows with a valid logit
-    must not leave it for the general path."""
+    instead of masks, masses summed on the host, top-p ranking only the weights near its goal (a
+    histogram's window; top-k's ranks; ``torch.topk`` where the window reaches the zero weights,
+    as P = 0.99999 makes it). Its rows must be the rule's bit for bit, with ties, for short rows
+    (one ``where``) and long ones (``torch.threshold`` row by row), with -inf masks and bad
+    logits; rows with a valid logit must not leave it for the general path."""
     from specops.core.logits import cpu as logits_cpu
 
     gen = torch.Generator().manual_seed(vocab)
@@ -482,7 +483,7 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         pick = lambda *values: torch.tensor(values)[
             torch.randint(len(values), (count,), generator=gen)].expand(n)
         params = (pick(0.0, 0.5, 1.0, 2.0), pick(0, 1, 5, 50, vocab - 1, vocab),
-                  pick(1.0, 0.9, 0.5, 0.999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
+                  pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
         before = logits.clone()
         got = logits_cpu.few_rows(logits, *params)
         assert got is not None

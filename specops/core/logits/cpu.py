@@ -15,8 +15,9 @@ On a CPU a question about the data costs no host synchronisation, so this path a
     reference's does;
   * a few rows (a single request's, say) are decided on the host (``few_rows``): each step is a
     threshold on the weights, so one threshold per row replaces the boolean masks, the exact
-    masses are summed on the host from the chunk masses, and top-p ranks only the largest weights
-    it may need; at that size the fixed cost of each torch operation is most of the cost.
+    masses are summed on the host from the chunk masses, and top-p ranks only the weights near
+    its goal (a histogram of each row's mass by float32 bucket finds them, in one pass); at that
+    size the fixed cost of each torch operation is most of the cost.
 """
 
 from __future__ import annotations
@@ -124,6 +125,11 @@ FEW_ROWS = 16
 FIRST_RANKS = 256
 # Top-p's exact masses taken in one pass over the rows, per row.
 CANDIDATES = 8
+# Top-p's histogram of a row's mass: a weight's bucket is the top 13 bits of its float32 bits
+# (sign, exponent, 4 bits of mantissa), 16 buckets an octave, ordered as the weights (>= 0) are;
+# every finite float32 >= 0 falls below BUCKETS.
+BUCKET_SHIFT = 19
+BUCKETS = 4096
 
 
 def host_masses(kept: torch.Tensor) -> list[float]:
@@ -180,27 +186,66 @@ def masses_at(e: torch.Tensor, thresholds: list[list[float]]) -> list[list[float
     return [totals[r * width : r * width + len(ts)] for r, ts in enumerate(thresholds)]
 
 
-def top_p_thresholds(kept: torch.Tensor, total: list[float],
-                     top_p: list[float]) -> list[tuple[float, float]] | None:
+def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
+                  ) -> list[tuple[float, list[float]]] | None:
+    """For each row of the kept weights (R, V) (the dropped ones 0): (above, values), values the
+    kept weights of the histogram buckets where the float64 running sum of the weights in
+    descending order may reach the goal within the margin, in descending order, and above the
+    float64 mass of the weights larger than all of them (short of the goal by more than the
+    margin); None where a row's window reaches the zero bucket. One pass over the rows (a
+    histogram of their masses by bucket) and a selection: no ranking of the whole row."""
+    rows, vocab = kept.shape
+    offsets = torch.arange(0, rows * BUCKETS, BUCKETS, dtype=torch.int32)[:, None]
+    buckets = (kept.view(torch.int32) >> BUCKET_SHIFT).add_(offsets)
+    masses = torch.bincount(buckets.view(-1), weights=kept.view(-1).double(),
+                            minlength=rows * BUCKETS).view(rows, BUCKETS)
+    reached = masses.flip(-1).cumsum(-1)  # [r, j]: the mass of buckets BUCKETS - 1 - j and up
+    margins = [_MARGIN * w for w in total]
+    ends = torch.tensor([[g - m, g + m] for g, m in zip(goals, margins)], dtype=torch.float64)
+    first, last = torch.searchsorted(reached, ends).unbind(-1)
+    if bool((last >= BUCKETS - 1).any()):  # the window reaches the zero bucket, or passes it
+        return None
+    top, bottom = (BUCKETS - 1 - first)[:, None] + offsets, (BUCKETS - 1 - last)[:, None] + offsets
+    # As a rule the window is one bucket: one comparison instead of two (each costs a pass).
+    inside = (buckets == top) if bool((first == last).all()) else \
+        (buckets >= bottom) & (buckets <= top)
+    values = kept[inside].split(inside.sum(dim=-1).tolist())
+    above = torch.where(first > 0, reached.gather(-1, (first - 1).clamp(min=0)[:, None])[:, 0],
+                        0.0).tolist()
+    return [(a, v.sort(descending=True).values.tolist()) for a, v in zip(above, values)]
+
+
+def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
+                     largest: list[list[float]] | None = None
+                     ) -> list[tuple[float, float]] | None:
     """For each row r of the kept weights (R, V) (the dropped ones 0): (t, W(t)), t the largest
     kept weight whose kept mass W(t) (the kept weights >= t) is at least top_p[r] * total[r]
     (total: the row's kept mass), as ``rule.top_p_threshold`` finds it; None when some row needs
-    the general path.
+    the general path. ``largest``: each row's largest kept weights in descending order, where
+    top-k has ranked them already.
 
-    The largest weights are ranked (``torch.topk``, more of them while their float64 running sum
-    stays below the goal plus a margin); the rank where that sum first reaches the goal is the
+    The weights where the goal may be reached are ranked (``largest``, else ``near_the_goal``;
+    where neither serves, the largest weights by ``torch.topk``, more of them while their float64
+    running sum stays below the goal plus a margin); the rank where that sum first reaches the
+    goal is the
     likely answer: exact masses check it and the weight just above it (one pass, as a rule), and
     otherwise decide, in passes of up to CANDIDATES ranks per row, between the last rank known
-    short of the goal and the first known to reach it (the margin's end, checked)."""
+    short of the goal (at first the weights above the ranked ones: short by more than the margin,
+    which exceeds the running sum's error) and the first known to reach it (the margin's end,
+    checked)."""
     rows, vocab = kept.shape
     goals = [p * w for p, w in zip(top_p, total)]
-    ranks = min(FIRST_RANKS, vocab)
+    near = ([(0.0, values) for values in largest] if largest is not None else
+            near_the_goal(kept, goals, total) if vocab > FIRST_RANKS else None)
+    ranks = 0  # how many torch.topk ranked
     while True:
-        ranked = kept.topk(ranks, dim=-1).values.tolist()
+        if near is None:
+            ranks = min(ranks * 8 or FIRST_RANKS, vocab)
+            near = [(0.0, values) for values in kept.topk(ranks, dim=-1).values.tolist()]
+        ranked = [values for _, values in near]
         guesses, high = [], []
-        for values, goal, w in zip(ranked, goals, total):
+        for (running, values), goal, w in zip(near, goals, total):
             guess = hi = None
-            running = 0.0
             for i, v in enumerate(values):
                 running += v
                 if guess is None and running >= goal:
@@ -208,7 +253,7 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float],
                 if running >= goal + _MARGIN * w:
                     hi = i
                     break
-            if hi is None and ranks == vocab:  # ranks past the kept ones hold 0: W(0) >= goal
+            if hi is None and len(values) == vocab:  # ranks past the kept ones hold 0: W(0) >= goal
                 hi = vocab - 1
             guesses.append(hi if guess is None else guess)
             high.append(hi)
@@ -216,7 +261,7 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float],
             break
         if ranks == vocab:
             return None
-        ranks = min(ranks * 8, vocab)
+        near = None
 
     def first_of_tie(r: int, i: int) -> int:  # equal weights have equal W: search by weight
         while i > 0 and ranked[r][i - 1] == ranked[r][i]:
@@ -306,8 +351,12 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         return None
     nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
     if nucleus:
+        # Where top-k ranked every row, its largest weights are the kept ones' first ranks.
+        ranked = ([[v for v in largest[r][:ks[r]] if v >= floor[r]] for r in nucleus]
+                  if all(ks[r] for r in nucleus) else None)
         answers = top_p_thresholds(kept if len(nucleus) == rows else kept[nucleus],
-                                   [total[r] for r in nucleus], [float(p[r]) for r in nucleus])
+                                   [total[r] for r in nucleus], [float(p[r]) for r in nucleus],
+                                   ranked)
         if answers is None:
             return None
         raised = [0.0] * rows  # 0: the row keeps what it kept
