@@ -59,9 +59,10 @@ def warmup(
     parts of step 0 a call turns on select the chain kernels too (they apply them as they read
     the rows): ``logit_bias`` (float32), ``allowed_token_bitmask``, ``penalties`` (any of the
     three, with int32 output_token_counts) and ``prompt_token_mask`` (with penalties only) each
-    True where the loop's calls give it, False where not, or (False, True) for both; a tree, a
-    call asking for logprobs and lossy acceptance read float32 copies of the adjusted rows
-    instead, so include ``torch.float32`` for those.  For "tree" and "traversal",
+    True where the loop's calls give it, False where not, or (False, True) for both; they select
+    a tree's statistics and processed-rows kernels alike; a call asking for logprobs and lossy
+    acceptance read float32 copies of the adjusted rows instead, so include ``torch.float32`` for
+    those.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
@@ -98,7 +99,6 @@ def warmup(
     if selected_backend(device) != "triton":
         return 0
     from .chain.block import launch as block
-    from .core.logits.rule import OPTIONAL
     from .chain.rows import Flattened
     from .chain.token import launch as token
     from .tree.launch import (tree_speculative_sampling_from_logits_triton,
@@ -155,9 +155,11 @@ def warmup(
         # Trees: no counters; parents of their own dtype; at least one node. Target-only,
         # traversal verification launches the token rule's kernel.
         trees = [mode for mode in modes if mode in ("tree", "traversal")]
-        for mode, logit, dt, n, has_draft, ids_dt, parents_dt in itertools.product(
+        for mode, logit, dt, n, has_draft, ids_dt, parents_dt, step in itertools.product(
                 trees, from_logits, dtypes, [n for n in num_drafts if n], has_drafts, ids_dtypes,
-                parents_dtypes):
+                parents_dtypes, steps):
+            if step != steps[0] and not logit:  # step 0 is verification from logits' only
+                continue
             rule = "traversal" if mode == "traversal" else "token"
             for source in sources[has_draft, logit]:
                 target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
@@ -169,7 +171,8 @@ def warmup(
                     tree_speculative_sampling_from_logits_triton(
                         draft if source == "probs" else None, ids, parents, target,
                         draft if source == "logits" else None, seed[:1], seed[1:],
-                        *parameters, True, *[None] * OPTIONAL, rule)
+                        *parameters, True, *[None] * 4, *_step(device, vocab, n, False, *step),
+                        None, rule)
                 else:
                     tree_speculative_sampling_triton(draft, ids, parents, target, seed[:1],
                                                      seed[1:], True, rule)

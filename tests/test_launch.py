@@ -120,9 +120,17 @@ def call(draft, ids, target, acc, emit, **kwargs):
     """The public function the loop uses; from logits, drafts from probabilities and from
     logits alike, with every parameter on; a tree: a chain of nodes, with replacement on even
     batches and without on odd ones (with_replacement selects no kernel)."""
+    batch, n = ids.shape
+    vocab = target.shape[-1]
+    if step:
+        kwargs.update(logit_bias=torch.zeros(batch, vocab),
+                      allowed_token_bitmask=torch.full((batch, n + 1, -(-vocab // 32)), -1,
+                                                       dtype=torch.int32),
+                      repetition_penalty=1.2, frequency_penalty=0.1,
+                      output_token_counts=torch.zeros(batch, vocab, dtype=torch.int32),
+                      prompt_token_mask=torch.zeros(batch, vocab, dtype=torch.bool))
     if verification in ("tree", "traversal"):
         rule = {"verification": "traversal" if verification == "traversal" else "token"}
-        batch, n = ids.shape
         if draft is not None:
             draft = torch.cat([draft, draft[:, :1]], dim=1)  # a row per node, the root's included
         parents = torch.arange(n).expand(batch, n)
@@ -140,14 +148,6 @@ def call(draft, ids, target, acc, emit, **kwargs):
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
                                            verification=verification, **kwargs)
         return
-    if step:
-        batch, n = ids.shape
-        kwargs.update(logit_bias=torch.zeros(batch, VOCAB),
-                      allowed_token_bitmask=torch.full((batch, n + 1, VOCAB // 32), -1,
-                                                       dtype=torch.int32),
-                      repetition_penalty=1.2, frequency_penalty=0.1,
-                      output_token_counts=torch.zeros(batch, VOCAB, dtype=torch.int32),
-                      prompt_token_mask=torch.zeros(batch, VOCAB, dtype=torch.bool))
     for source in (("probs", "logits") if draft is not None else (None,)):
         specops.chain_speculative_sampling_from_logits(
             draft if source == "probs" else None, ids, target, acc, emit, temperature=0.7,
@@ -203,6 +203,7 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
     ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
     ("warmup", "tree", "probs"), ("one call", "tree", "probs"), ("warmup", "tree", "logits"),
     ("warmup", "traversal", "probs"), ("warmup", "token", "logits+step"),
+    ("warmup", "tree", "logits+step"),
 ])
 def test_nothing_compiles_after_warm_up(first, verification, logits):
     result = run_standin(NO_NEW_KERNELS, first, verification, logits)
@@ -215,10 +216,10 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     # Traversal: its kernel with draft_probs, the tree kernel without (the token rule's).
     # From logits, every mode also loads the entropy pass typical acceptance reads. With step 0
     # on, the target's statistics kernel and the main kernels apply it (the draft logits'
-    # statistics kernel does not).
+    # statistics kernel does not); a tree's, its statistics and processed-rows kernels: two more.
     expected = {("token", "logits+step"): 6, ("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
                 ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5,
-                ("traversal", "probs"): 2}
+                ("traversal", "probs"): 2, ("tree", "logits+step"): 7}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result

@@ -34,10 +34,13 @@ SPECS = [("token", "bf16", True, False, False, EVERY), ("token", "fp32", True, F
          ("statistics", "bf16", None, None, False, EVERY),
          ("statistics", "fp32", None, None, False, EVERY),
          ("statistics", "fp16", None, None, True, EVERY)]
-# Checked for spills only (their row loops hold the draft loop).
+# Checked for spills only (their row loops hold the draft loop; the pass that writes a tree's
+# processed rows has no row loop).
 LONG_SPECS = [("token", "bf16", True, False, False, LONG),
               ("block", "fp32", True, False, False, LONG),
-              ("statistics", "bf16", None, None, False, LONG)]
+              ("statistics", "bf16", None, None, False, LONG),
+              ("processed", "bf16", None, None, False, EVERY),
+              ("processed", "fp32", None, None, False, LONG)]
 
 WORKER = r'''
 import json, sys
@@ -48,7 +51,9 @@ specs, long_specs = json.loads(sys.argv[1])
 for kind, prob, draft, draft_logits, varlen, step in specs + long_specs:
     step_inputs = sass.EVERY_STEP_INPUTS if step % 16 == 15 else sass.BIAS_INPUTS
     budgeted = [kind, prob, draft, draft_logits, varlen, step] in specs
-    if kind == "statistics":
+    if kind == "processed":
+        found = sass.compile_report(sass.compile_processed_rows(prob, step))
+    elif kind == "statistics":
         kernel = sass.compile_statistics(prob, varlen, step)
         found = sass.compile_report(kernel)
         if budgeted:

@@ -219,3 +219,67 @@ def test_dividing_by_a_float64_reciprocal_rounds_as_float32_division():
         x, r = x.view(torch.float32), r.view(torch.float32)
         product = (x.double() * (1.0 / r.double())).float()
         assert torch.equal((x / r).view(torch.int32), product.view(torch.int32))
+
+
+class _Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """The shape and dtype of every tensor an operation returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.made.append((tuple(t.shape), t.dtype))
+        return out
+
+
+def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
+    """A tree's target rows from logits on the Triton path, rule step 0 applied as the statistics
+    and the processed-rows pass read them: bit for bit the processed rows of the adjusted rows
+    written out, each node's path counted as generated (a token thrice on one path, an id outside
+    [0, V) that is not counted, under penalties strong enough that one count more or less moves
+    the rows); and step 0 is not applied by torch (no adjusted rows) nor are counts made per
+    node."""
+    from specops.core.logits.launch import processed_rows
+    from specops.tree.launch import processed_with_step
+    from specops.tree.processed import tree_generated
+
+    m = 6
+    g = torch.Generator().manual_seed(4)
+    target = 2 * torch.randn(B, m + 1, V, generator=g)
+    parents = torch.tensor([[0, 1, 2, 1, 0, 3]] * B)  # 1-2-3-6 a path; 4 under 2; 5 at the root
+    ids = target[:, 1:].argmax(-1)  # where the mass is
+    ids[:, 1] = ids[:, 2] = ids[:, 0]  # the path 1-2-3 carries one token thrice
+    ids[:, 5] = ids[:, 0]
+    ids[3, 1] = V + 5  # node 2's own token: not counted at it or below it
+    ids[1, 3] = -1
+    allowed = torch.rand(B, m + 1, V, generator=g) < 0.6
+    allowed[..., 7] = True
+    allowed[torch.arange(B)[:, None], torch.arange(1, m + 1)[None, :], ids.clamp(0, V - 1)] = True
+    step = Step(logit_bias=torch.randn(B, V, generator=g),
+                allowed_token_bitmask=packed_bitmask(allowed),
+                repetition_penalty=torch.tensor([2.0, 1.5, -1.0, 3.0]),
+                frequency_penalty=torch.tensor([1.5]),
+                presence_penalty=torch.tensor([0.5, 2.0, 0.0, -0.5]),
+                output_token_counts=(torch.rand(B, V, generator=g) < 0.2).int(),
+                prompt_token_mask=torch.rand(B, V, generator=g) < 0.1)
+    target, ids, parents, step = target.to(DEVICE), ids.to(DEVICE), parents.to(DEVICE), \
+        to_device(step)
+    adjusted = step.adjusted(target, lambda counts: tree_generated(counts, ids, parents))
+    written = processed_rows(adjusted.contiguous(), *parameters("temperature"))
+    from specops.core.logits import rule
+
+    def refused(*args):
+        raise AssertionError("step 0 applied by torch, its adjusted rows written")
+
+    monkeypatch.setattr(rule, "adjusted_logits", refused)
+    with _Allocations() as allocations:
+        fused = processed_with_step(step, ids, parents, V)(target, *parameters("temperature"))
+    assert torch.equal(fused.view(torch.int32), written.view(torch.int32))
+    assert all(dtype.is_floating_point for shape, dtype in allocations.made
+               if len(shape) == 3 and shape[-1] == V)  # no counts per node
+    plain = processed_rows(target, *parameters("temperature"))
+    assert not torch.equal(fused, plain)  # step 0 changed the rows: the comparison can fail

@@ -5,11 +5,13 @@ combine (docs/internals/performance.md, "Tree verification", says why)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..core.launch.launcher import FOUR_WARPS, TritonKernel
 from ..core.sampling.race import CHUNK_SIZE
-from ..core.logits.launch import processed_rows
+from ..core.logits.launch import processed_rows, step_arguments
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
 from .traversal_kernel import tree_traversal_kernel
@@ -87,7 +89,36 @@ def tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, s
                   with_replacement)
 
 
+def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, M + 1, max(M, 1)) int64: row n + 1 lists the tokens in [0, V) on the path from the root
+    to node n, n's own last, then -1 (row 0, the root's, none): what each row counts as generated
+    (``processed.tree_generated``), as the kernels of rule step 0 read it (a list up to its first
+    id outside [0, V)). A node's path is at most n + 1 long: its ancestors come before it. No host
+    synchronisation."""
+    ids, given = draft_token_ids.long(), parents.long()
+    batch, num_nodes = ids.shape
+    out = torch.full((batch, num_nodes + 1, max(num_nodes, 1)), -1, dtype=torch.int64,
+                     device=ids.device)
+    depth = torch.zeros((batch, num_nodes + 1), dtype=torch.int64, device=ids.device)
+    request = torch.arange(batch, device=ids.device)
+    for i in range(num_nodes):  # a parent comes before its children
+        parent = given[:, i].clamp(0, i)
+        valid = (ids[:, i] >= 0) & (ids[:, i] < vocab)
+        out[:, i + 1] = out[request, parent]
+        out[request, i + 1, depth[request, parent]] = torch.where(valid, ids[:, i], -1)
+        depth[:, i + 1] = depth[request, parent] + valid.long()
+    return out
+
+
+def processed_with_step(step, draft_token_ids, parents, vocab):
+    """``processed_rows`` of a tree's target rows with rule step 0 applied as they are read, each
+    node's path counted as generated (``paths``): no adjusted rows are written."""
+    arguments = step_arguments(step, paths(draft_token_ids, parents, vocab),
+                               draft_token_ids.device, draft_token_ids.shape[1])
+    return functools.partial(processed_rows, step=arguments)
+
+
 # Verification from logits: the rows' statistics, a pass that writes the processed rows (the tree
 # kernel reads probabilities), then the above.
-tree_speculative_sampling_from_logits_triton = on_processed_rows(tree_speculative_sampling_triton,
-                                                                 processed_rows)
+tree_speculative_sampling_from_logits_triton = on_processed_rows(
+    tree_speculative_sampling_triton, processed_rows, processed_with_step)

@@ -35,15 +35,20 @@ STATISTICS = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=128)
 STATISTICS_STEP = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=255))
 # A row pass over 1024-value chunks, as the samplers' (4 warps: 8 values a thread).
 PROCESSED = TritonKernel(processed_rows_kernel, **build_options(4))
+# With rule step 0 inside, as the verification kernels that apply it (FROM_LOGITS_STEP_OPTIONS).
+PROCESSED_STEP = TritonKernel(processed_rows_kernel, **build_options(4, maxnreg=255))
 
 
 def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: torch.device,
                    most_drafts: int | None = None) -> tuple[list, int]:
-    """(the kernels' arguments of rule step 0: draft ids and their two strides, bias, bitmask,
-    counts, prompt mask, penalties (1 or B, 4) float64 and their stride; the STEP flags), from a
-    target's Step (None: off) and its draft ids, (B, N) or a flattened batch's (T,), whose
-    requests have at most ``most_drafts`` drafts (by default N, or T). Parts that are off get
-    placeholders; the tensors the kernels read as rows are made contiguous."""
+    """(the kernels' arguments of rule step 0: draft ids and their three strides (request, draft,
+    row), bias, bitmask, counts, prompt mask, penalties (1 or B, 4) float64 and their stride; the
+    STEP flags), from a target's Step (None: off) and its draft ids: (B, N), row t counting the
+    first t; a flattened batch's (T,); or a tree's paths (B, M + 1, M), row t counting its own
+    list up to its first id outside [0, V) (``tree/launch.py``'s ``paths``), at most t long. The
+    requests have at most ``most_drafts`` drafts before a row (by default the ids' last size).
+    Parts that are off get placeholders; the tensors the kernels read as rows are made
+    contiguous."""
     step = Step() if step is None else step
     penalties = step.penalties()
     flags = ((step.logit_bias is not None) * BIAS
@@ -67,8 +72,10 @@ def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: tor
             penalties.repetition.double(), penalties.frequency.double(),
             penalties.presence.double(), 1.0 / penalties.repetition.float().double()), dim=-1)
         penalty_stride = 4 if values.shape[0] != 1 else 0
-    ids_strides = (draft_token_ids.stride() if draft_token_ids.dim() == 2
-                   else (0, draft_token_ids.stride(0)))
+    strides = draft_token_ids.stride()  # (request, draft, row)
+    ids_strides = ((0, strides[0], 0) if draft_token_ids.dim() == 1 else
+                   (*strides, 0) if draft_token_ids.dim() == 2 else
+                   (strides[0], strides[2], strides[1]))
     return [draft_token_ids, *ids_strides, rows(step.logit_bias, torch.float32),
             rows(step.allowed_token_bitmask, torch.int32),
             rows(None if penalties is None else penalties.counts, torch.int32),
@@ -83,7 +90,7 @@ def kernel_step(step: tuple[list, int] | None, device: torch.device) -> tuple[li
     if step is None:
         step = step_arguments(None, placeholder(device, torch.int64)[:, None], device)
     args, flags = step
-    return args[3:], flags
+    return args[4:], flags
 
 
 def statistics_kernel(step_flags: int) -> TritonKernel:
@@ -129,19 +136,24 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 
 
 def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
-                   ) -> torch.Tensor:
+                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False,
+                   step: tuple[list, int] | None = None) -> torch.Tensor:
     """``rule.processed_rows`` of every row of logits (B, positions, V) under each request's
     parameters (1 or B values each): float32 (B, positions, V), written by the GPU (the
-    statistics, then one pass that writes the rows)."""
+    statistics, then one pass that writes the rows). ``step``: ``step_arguments``, rule step 0
+    applied as both read the rows (None: the logits as given)."""
     logits = logits if logits.stride(2) == 1 else logits.contiguous()  # 16-byte row loads
     batch, positions, vocab = logits.shape
     out = torch.empty((batch, positions, vocab), dtype=torch.float32, device=logits.device)
     if out.numel() == 0:
         return out
-    stats = row_statistics(logits, temperature, top_k, top_p, min_p, min_p_last=min_p_last)
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p, min_p_last=min_p_last,
+                           step=step)
+    step_args, flags = step if step is not None else step_arguments(
+        None, placeholder(logits.device, torch.int64)[:, None], logits.device)
     stride_b, stride_n, _ = logits.stride()
-    PROCESSED.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
-        logits, stats, out, positions, vocab, stride_b, stride_n, CHUNK=CHUNK_SIZE,
-        **PROCESSED.options)
+    kernel = PROCESSED_STEP if flags else PROCESSED
+    kernel.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
+        logits, stats, out, positions, vocab, stride_b, stride_n, *step_args, CHUNK=CHUNK_SIZE,
+        STEP=flags, **kernel.options)
     return out

@@ -186,7 +186,9 @@ def row_statistics_kernel(
     temperature_stride, top_k_stride, top_p_stride, min_p_stride,  # 0 for one value for all
     min_p_last,  # 1: min-p after top-k and top-p (Hugging Face transformers' order)
     # Rule step 0 (core/sampling/step_triton.py), read where STEP says, for a target's rows:
-    ids_ptr, stride_ib, stride_in,  # (B, N) draft ids (VARLEN: (T,), stride_ib unused)
+    # (B, N) draft ids, row t counting d_0 .. d_{t-1} (VARLEN: (T,), stride_ib unused); or a
+    # tree's paths (B, M + 1, M), row t counting its own list (stride_it: 0 but for a tree's)
+    ids_ptr, stride_ib, stride_in, stride_it,
     bias_ptr,  # (B, V) logit bias, contiguous
     bitmask_ptr,  # (B, positions, ceil(V / 32)) int32 (VARLEN: (T + B, ...)), contiguous
     counts_ptr,  # (B, V) output token counts, contiguous
@@ -211,7 +213,7 @@ def row_statistics_kernel(
     else:
         flat_row = row
         logits_row = logits_ptr + b * stride_b + t * stride_n
-        ids0 = ids_ptr + b * stride_ib
+        ids0 = ids_ptr + b * stride_ib + t * stride_it
     step = None
     if STEP:
         step = row_step(request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
@@ -265,16 +267,30 @@ def processed_rows_kernel(
     stats_ptr,  # (B * positions, STATS) float64: the rows' statistics
     out_ptr,  # (B * positions, V) float32 contiguous, written
     positions, vocab, stride_b, stride_n,
+    # Rule step 0 where STEP says, as the statistics kernel reads it (its arguments)
+    ids_ptr, stride_ib, stride_in, stride_it, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
+    penalties_ptr, penalty_stride,
     CHUNK: tl.constexpr,
+    STEP: tl.constexpr = 0,
 ):
     """Program (row, chunk): the chunk's processed probabilities (rule.processed_rows' row), for
     a sampler that reads probabilities rather than logits through their statistics."""
     row = tl.program_id(0).to(tl.int64)
-    column = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    b = row // positions
+    t = row % positions
+    start = tl.program_id(1) * CHUNK
+    lane = tl.arange(0, CHUNK)
+    column = start + lane
     inside = column < vocab
     mode, peak, coef, limit, scale, index = load_stats(stats_ptr + row * STATS)
-    x = tl.load(logits_ptr + (row // positions) * stride_b + (row % positions) * stride_n + column,
-                mask=inside, other=0.0)
-    sampled = tl.where(mode == SAMPLED, processed(widen(x), peak, coef, limit, scale), 0.0)
+    x = widen(tl.load(logits_ptr + b * stride_b + t * stride_n + column, mask=inside, other=0.0))
+    if STEP:
+        ids0 = ids_ptr + b * stride_ib + t * stride_it
+        step = row_step(request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
+                                     penalty_stride, STEP),
+                        bitmask_ptr, row, vocab, ids0, stride_in,
+                        drafts_before(ids0, stride_in, t, vocab))
+        x = adjusted_row(x, start, lane, inside, step, STEP)
+    sampled = tl.where(mode == SAMPLED, processed(x, peak, coef, limit, scale), 0.0)
     values = tl.where(mode == GREEDY, (column == index).to(tl.float32), sampled)
     tl.store(out_ptr + row * vocab + column, values, mask=inside)
