@@ -1,5 +1,6 @@
 """Input builders shared by the tests: kernel-against-reference inputs (interpreter and GPU), and
-the small softmax inputs whose values tests/test_op.py's fixed-seed expectations pin."""
+the small softmax inputs whose values tests/test_op.py's fixed-seed expectations pin; and
+``Allocations``, which records the tensors a call makes."""
 
 from __future__ import annotations
 
@@ -82,3 +83,18 @@ def tree_inputs(batch, num_nodes, vocab, *, dtype=torch.float32, draft=True,
     return ((draft_probs.to(dtype) if draft else None), ids.to(ids_dtype),
             parents.to(parents_dtype).contiguous(), target.to(dtype))
 
+
+
+class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """While active, the (shape, dtype) of every tensor an operation returns, in ``made``."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.made.append((tuple(t.shape), t.dtype))
+        return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inputs import DEVICE  # tests/inputs.py (conftest.py: TRITON_INTERPRET=1 on CPU)
+from inputs import DEVICE, Allocations  # tests/inputs.py (conftest.py: TRITON_INTERPRET=1 on CPU)
 
 from specops.chain.block.launch import block_speculative_sampling_from_logits_triton
 from specops.chain.from_logits_triton import adjusted_target_logits
@@ -221,21 +221,6 @@ def test_dividing_by_a_float64_reciprocal_rounds_as_float32_division():
         assert torch.equal((x / r).view(torch.int32), product.view(torch.int32))
 
 
-class _Allocations(torch.utils._python_dispatch.TorchDispatchMode):
-    """The shape and dtype of every tensor an operation returns while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
-                self.made.append((tuple(t.shape), t.dtype))
-        return out
-
-
 def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
     """A tree's target rows from logits on the Triton path, rule step 0 applied as the statistics
     and the processed-rows pass read them: bit for bit the processed rows of the adjusted rows
@@ -276,7 +261,7 @@ def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
         raise AssertionError("step 0 applied by torch, its adjusted rows written")
 
     monkeypatch.setattr(rule, "adjusted_logits", refused)
-    with _Allocations() as allocations:
+    with Allocations() as allocations:
         fused = processed_with_step(step, ids, parents, V)(target, *parameters("temperature"))
     assert torch.equal(fused.view(torch.int32), written.view(torch.int32))
     assert all(dtype.is_floating_point for shape, dtype in allocations.made

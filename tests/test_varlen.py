@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from inputs import DEVICE  # tests/inputs.py; on CPU, conftest.py sets TRITON_INTERPRET=1
+from inputs import DEVICE, Allocations  # tests/inputs.py; on CPU, conftest.py: TRITON_INTERPRET=1
 
 import specops
 import specops.varlen
@@ -292,21 +292,6 @@ def _triton_against_reference(verification, mode, dtype, vocab):
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
 
 
-class _Allocations(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every tensor an operation returns while active: its shape."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 @pytest.mark.interpreter
 @pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("mode", ["probabilities", "draft logits"])
@@ -318,12 +303,13 @@ def test_the_triton_path_makes_no_padded_copy(verification, mode):
     # Temperatures alone: the statistics' threshold searches are slow under the interpreter.
     parameters = dict(PARAMETERS, top_k=None, top_p=None, min_p=None)
     parameters["temperature"] = parameters["temperature"].to(DEVICE)
-    with _Allocations() as seen:
+    with Allocations() as seen:
         _with_backend("triton", call, mode, specops.varlen, *inputs[:3], *inputs[4:], inputs[3],
                       MOST, parameters=parameters, seed=1, verification=verification)
-    largest = max(torch.Size(s).numel() for s in seen.shapes)
-    assert largest < 2 * vocab, sorted(seen.shapes, key=lambda s: -torch.Size(s).numel())[:3]
-    assert (batch, MOST + 1, vocab) not in seen.shapes
+    shapes = [shape for shape, _ in seen.made]
+    largest = max(torch.Size(s).numel() for s in shapes)
+    assert largest < 2 * vocab, sorted(shapes, key=lambda s: -torch.Size(s).numel())[:3]
+    assert (batch, MOST + 1, vocab) not in shapes
 
 
 OPS = [(varlen_op.varlen_chain_speculative_sampling_op, False),
