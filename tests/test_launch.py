@@ -126,7 +126,8 @@ def call(draft, ids, target, acc, emit, **kwargs):
         kwargs.update(logit_bias=torch.zeros(batch, vocab),
                       allowed_token_bitmask=torch.full((batch, n + 1, -(-vocab // 32)), -1,
                                                        dtype=torch.int32),
-                      repetition_penalty=1.2, frequency_penalty=0.1,
+                      repetition_penalty=1.2,  # one for all; and one a request (a stride)
+                      frequency_penalty=torch.full((batch,), 0.1),
                       output_token_counts=torch.zeros(batch, vocab, dtype=torch.int32),
                       prompt_token_mask=torch.zeros(batch, vocab, dtype=torch.bool))
     if verification in ("tree", "traversal"):

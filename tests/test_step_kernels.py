@@ -253,18 +253,24 @@ def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
                 prompt_token_mask=torch.rand(B, V, generator=g) < 0.1)
     target, ids, parents, step = target.to(DEVICE), ids.to(DEVICE), parents.to(DEVICE), \
         to_device(step)
-    adjusted = step.adjusted(target, lambda counts: tree_generated(counts, ids, parents))
-    written = processed_rows(adjusted.contiguous(), *parameters("temperature"))
     from specops.core.logits import rule
+
+    unpenalised = step._replace(repetition_penalty=None, frequency_penalty=None,
+                                presence_penalty=None)  # the bias and the mask: no paths
+    written = [processed_rows(given.adjusted(target, lambda counts: tree_generated(
+        counts, ids, parents)).contiguous(), *parameters("temperature"))
+        for given in (step, unpenalised)]
 
     def refused(*args):
         raise AssertionError("step 0 applied by torch, its adjusted rows written")
 
     monkeypatch.setattr(rule, "adjusted_logits", refused)
-    with Allocations() as allocations:
-        fused = processed_with_step(step, ids, parents, V)(target, *parameters("temperature"))
-    assert torch.equal(fused.view(torch.int32), written.view(torch.int32))
-    assert all(dtype.is_floating_point for shape, dtype in allocations.made
-               if len(shape) == 3 and shape[-1] == V)  # no counts per node
+    for given, expected in zip((step, unpenalised), written):
+        with Allocations() as allocations:
+            fused = processed_with_step(given, ids, parents, V)(target, *parameters("temperature"))
+        assert torch.equal(fused.view(torch.int32), expected.view(torch.int32))
+        assert all(dtype.is_floating_point for shape, dtype in allocations.made
+                   if len(shape) == 3 and shape[-1] == V)  # no counts per node
     plain = processed_rows(target, *parameters("temperature"))
-    assert not torch.equal(fused, plain)  # step 0 changed the rows: the comparison can fail
+    assert not torch.equal(written[0], plain)  # step 0 changed the rows: the test can fail
+    assert not torch.equal(written[0], written[1])  # so did the penalties

@@ -112,9 +112,11 @@ def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> t
 
 def processed_with_step(step, draft_token_ids, parents, vocab):
     """``processed_rows`` of a tree's target rows with rule step 0 applied as they are read, each
-    node's path counted as generated (``paths``): no adjusted rows are written."""
-    arguments = step_arguments(step, paths(draft_token_ids, parents, vocab),
-                               draft_token_ids.device, draft_token_ids.shape[1])
+    node's path counted as generated (``paths``; without penalties nothing counts, and the ids
+    are passed as they are, never read): no adjusted rows are written."""
+    counted = (draft_token_ids if step.penalties() is None else
+               paths(draft_token_ids, parents, vocab))
+    arguments = step_arguments(step, counted, draft_token_ids.device, draft_token_ids.shape[1])
     return functools.partial(processed_rows, step=arguments)
 
 

@@ -192,7 +192,8 @@ def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
     kept weights of the histogram buckets where the float64 running sum of the weights in
     descending order may reach the goal within the margin, in descending order, and above the
     float64 mass of the weights larger than all of them (short of the goal by more than the
-    margin); None where a row's window reaches the zero bucket. One pass over the rows (a
+    margin); None where a row's window reaches bucket 0 (the zero weights, and subnormals below
+    2^-130). One pass over the rows (a
     histogram of their masses by bucket) and a selection: no ranking of the whole row."""
     rows, vocab = kept.shape
     offsets = torch.arange(0, rows * BUCKETS, BUCKETS, dtype=torch.int32)[:, None]
@@ -203,7 +204,7 @@ def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
     margins = [_MARGIN * w for w in total]
     ends = torch.tensor([[g - m, g + m] for g, m in zip(goals, margins)], dtype=torch.float64)
     first, last = torch.searchsorted(reached, ends).unbind(-1)
-    if bool((last >= BUCKETS - 1).any()):  # the window reaches the zero bucket, or passes it
+    if bool((last >= BUCKETS - 1).any()):  # the window reaches bucket 0, or passes it
         return None
     top, bottom = (BUCKETS - 1 - first)[:, None] + offsets, (BUCKETS - 1 - last)[:, None] + offsets
     # As a rule the window is one bucket: one comparison instead of two (each costs a pass).

@@ -173,7 +173,7 @@ def _keep_limit(coef, floor):
                                "min_p_ptr", "cu_ptr", "positions", "num_tokens", "bonus",
                                "temperature_stride", "top_k_stride", "top_p_stride",
                                "min_p_stride", "min_p_last", "ids_ptr", "stride_ib", "stride_in",
-                               "penalties_ptr", "penalty_stride"])
+                               "stride_it", "penalties_ptr", "penalty_stride"])
 def row_statistics_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1 (VARLEN: (T + B bonus, V))
     stats_ptr,  # (B * positions, STATS) float64, written (VARLEN: request b's rows only)
@@ -187,7 +187,7 @@ def row_statistics_kernel(
     min_p_last,  # 1: min-p after top-k and top-p (Hugging Face transformers' order)
     # Rule step 0 (core/sampling/step_triton.py), read where STEP says, for a target's rows:
     # (B, N) draft ids, row t counting d_0 .. d_{t-1} (VARLEN: (T,), stride_ib unused); or a
-    # tree's paths (B, M + 1, M), row t counting its own list (stride_it: 0 but for a tree's)
+    # tree's paths (B, M + 1, max(M, 1)), row t counting its own list (stride_it: 0 but there)
     ids_ptr, stride_ib, stride_in, stride_it,
     bias_ptr,  # (B, V) logit bias, contiguous
     bitmask_ptr,  # (B, positions, ceil(V / 32)) int32 (VARLEN: (T + B, ...)), contiguous
@@ -261,7 +261,10 @@ def row_statistics_kernel(
     tl.store(out + 5, index.to(tl.float64))
 
 
-@triton.jit
+# Step 0's ids and penalties out of the specialisation key, as in the statistics kernel: one
+# request's penalties or B requests' (a stride of 0 or 4) select no other kernel.
+@triton.jit(do_not_specialize=["ids_ptr", "stride_ib", "stride_in", "stride_it", "penalties_ptr",
+                               "penalty_stride"])
 def processed_rows_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1
     stats_ptr,  # (B * positions, STATS) float64: the rows' statistics
