@@ -274,3 +274,30 @@ def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
     plain = processed_rows(target, *parameters("temperature"))
     assert not torch.equal(written[0], plain)  # step 0 changed the rows: the test can fail
     assert not torch.equal(written[0], written[1])  # so did the penalties
+
+
+@pytest.mark.parametrize("shape", ["chain", "random"])
+def test_a_trees_paths_count_what_each_row_counts(shape):
+    """``paths``' lists, read as the kernels read them (row t: at most t ids, up to the first
+    outside [0, V)), count for every row what ``tree_generated`` counts: deep chains (every
+    ancestor found), random trees with ids and parents out of range (an unlinked node's own token
+    not counted, its descendants' counted)."""
+    from specops.tree.launch import paths
+    from specops.tree.processed import tree_generated
+
+    g = torch.Generator().manual_seed(6)
+    batch, m = 3, 37
+    ids = torch.randint(-2, V + 2, (batch, m), generator=g)
+    if shape == "chain":
+        parents = torch.arange(m).expand(batch, m)
+    else:
+        parents = torch.stack([torch.randint(-1, i + 2, (batch,), generator=g)
+                               for i in range(m)], dim=1)
+    counts = torch.randint(0, 3, (batch, V), generator=g)
+    lists = paths(ids, parents, V)
+    t = torch.arange(m + 1)[None, :, None]
+    k = torch.arange(lists.shape[-1])[None, None, :]
+    read = ((lists >= 0) & (lists < V)).int().cumprod(dim=-1).bool() & (k < t)
+    counted = counts.long()[:, None, :].repeat(1, m + 1, 1).scatter_add(
+        2, lists.clamp(0, V - 1), read.long())
+    assert torch.equal(counted, tree_generated(counts, ids, parents))
