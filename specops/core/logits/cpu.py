@@ -193,8 +193,8 @@ def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
     descending order may reach the goal within the margin, in descending order, and above the
     float64 mass of the weights larger than all of them (short of the goal by more than the
     margin); None where a row's window reaches bucket 0 (the zero weights, and subnormals below
-    2^-130). One pass over the rows (a
-    histogram of their masses by bucket) and a selection: no ranking of the whole row."""
+    2^-130). One pass over the rows (a histogram of their masses by bucket) and a selection: no
+    ranking of the whole row."""
     rows, vocab = kept.shape
     offsets = torch.arange(0, rows * BUCKETS, BUCKETS, dtype=torch.int32)[:, None]
     buckets = (kept.view(torch.int32) >> BUCKET_SHIFT).add_(offsets)
@@ -228,12 +228,11 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
     The weights where the goal may be reached are ranked (``largest``, else ``near_the_goal``;
     where neither serves, the largest weights by ``torch.topk``, more of them while their float64
     running sum stays below the goal plus a margin); the rank where that sum first reaches the
-    goal is the
-    likely answer: exact masses check it and the weight just above it (one pass, as a rule), and
-    otherwise decide, in passes of up to CANDIDATES ranks per row, between the last rank known
-    short of the goal (at first the weights above the ranked ones: short by more than the margin,
-    which exceeds the running sum's error) and the first known to reach it (the margin's end,
-    checked)."""
+    goal is the likely answer: exact masses check it and the weight just above it (one pass, as a
+    rule), and otherwise decide, in passes of up to CANDIDATES ranks per row, between the last
+    rank known short of the goal (at first the weights above the ranked ones: short by more than
+    the margin, which exceeds the running sum's error) and the first known to reach it (the
+    margin's end, checked)."""
     rows, vocab = kept.shape
     goals = [p * w for p, w in zip(top_p, total)]
     near = ([(0.0, values) for values in largest] if largest is not None else
@@ -254,7 +253,7 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
                 if running >= goal + _MARGIN * w:
                     hi = i
                     break
-            if hi is None and len(values) == vocab:  # ranks past the kept ones hold 0: W(0) >= goal
+            if hi is None and len(values) == vocab:  # ranks past the kept ones hold 0: W(0)
                 hi = vocab - 1
             guesses.append(hi if guess is None else guess)
             high.append(hi)
