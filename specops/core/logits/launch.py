@@ -83,13 +83,18 @@ def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: tor
             values, penalty_stride], flags
 
 
+def given_or_off(step: tuple[list, int] | None, device: torch.device) -> tuple[list, int]:
+    """``step_arguments``' result ``step``, or where None those of step 0 off (placeholders)."""
+    if step is None:
+        step = step_arguments(None, placeholder(device, torch.int64)[:, None], device)
+    return step
+
+
 def kernel_step(step: tuple[list, int] | None, device: torch.device) -> tuple[list, int]:
     """A verification kernel's rule step 0 arguments (bias, bitmask, counts, prompt mask,
     penalties and their stride; the STEP flags) of ``step_arguments``' (None: off), which the
     kernel reads with its own draft ids."""
-    if step is None:
-        step = step_arguments(None, placeholder(device, torch.int64)[:, None], device)
-    args, flags = step
+    args, flags = given_or_off(step, device)
     return args[4:], flags
 
 
@@ -125,8 +130,7 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     if stats.numel() == 0:
         return stats
     strides = [int(p.numel() != 1) * p.stride(0) for p in (temperature, top_k, top_p, min_p)]
-    step_args, flags = step if step is not None else step_arguments(
-        None, placeholder(logits.device, torch.int64)[:, None], logits.device)
+    step_args, flags = given_or_off(step, logits.device)
     kernel = statistics_kernel(flags)
     kernel.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p, cu,
                                     positions, num_tokens, bonus, vocab, stride_b, stride_n,
@@ -149,8 +153,7 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
         return out
     stats = row_statistics(logits, temperature, top_k, top_p, min_p, min_p_last=min_p_last,
                            step=step)
-    step_args, flags = step if step is not None else step_arguments(
-        None, placeholder(logits.device, torch.int64)[:, None], logits.device)
+    step_args, flags = given_or_off(step, logits.device)
     stride_b, stride_n, _ = logits.stride()
     kernel = PROCESSED_STEP if flags else PROCESSED
     kernel.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
