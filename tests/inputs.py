@@ -86,7 +86,9 @@ def tree_inputs(batch, num_nodes, vocab, *, dtype=torch.float32, draft=True,
 
 
 class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
-    """While active, the (shape, dtype) of every tensor an operation returns, in ``made``."""
+    """While active, the (shape, dtype) of every tensor an operation returns with memory of its
+    own, in ``made`` (views of its inputs' memory, as Triton's interpreter makes of a kernel's
+    arguments, are not allocations)."""
 
     def __init__(self):
         super().__init__()
@@ -94,7 +96,17 @@ class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        given = {memory(a) for a in torch.utils._pytree.tree_leaves((args, kwargs))}
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and memory(t) not in given:
                 self.made.append((tuple(t.shape), t.dtype))
         return out
+
+
+def memory(value):
+    """The address of a tensor's or a storage's memory (None for anything else)."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().data_ptr()
+    if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):
+        return value.data_ptr()
+    return None

@@ -124,29 +124,48 @@ def compile_block_row_pass(prob, draft, ids="i64", aligned=True, logits=False,
                                if logits else launch.ROW_PASS).options)
 
 
-def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True):
-    """The tree kernel as its launcher would specialise it."""
-    from specops.tree.kernel import tree_speculative_sampling_kernel
+def _tree_constexprs(logits, draft_logits, step):
+    """A tree launcher's constexprs and kernel choice from logits (tree/launch.py)."""
+    from specops.core.sampling.values_triton import ONE_HOT
+
+    return {"LOGITS": ONE_HOT.value if logits else 0,
+            "DRAFT_LOGITS": ONE_HOT.value if draft_logits else 0, "STEP": step}
+
+
+def _tree_types(prob, ids, parents):
+    return {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
+            "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
+            "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32",
+            "target_stats_ptr": "*fp64", "draft_stats_ptr": "*fp64", "paths_ptr": "*i64",
+            **STEP_TYPES}
+
+
+def compile_tree(prob, draft, ids="i64", parents="i64", block_m=16, aligned=True, logits=False,
+                 draft_logits=False, step=0):
+    """The tree kernel as its launcher would specialise it (``logits``: reading logits through
+    their rows' statistics; ``draft_logits``: the draft's too; ``step``: rule step 0's flags)."""
     from specops.tree import launch
 
-    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
-             "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
-             "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
-    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
-    return compile_for_hopper(tree_speculative_sampling_kernel, types, constexprs, aligned,
-                              launch.KERNEL.options)
+    constexprs = {"HAS_DRAFT": draft, "BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK,
+                  **_tree_constexprs(logits, draft_logits, step)}
+    kernel = (launch.KERNEL_STEP if step else launch.KERNEL_FROM_LOGITS if logits else
+              launch.KERNEL)
+    return compile_for_hopper(kernel.fn, _tree_types(prob, ids, parents), constexprs, aligned,
+                              kernel.options)
 
 
-def compile_traversal(prob, draft=True, ids="i64", parents="i64", block_m=16, aligned=True):
-    """The traversal kernel as its launcher would specialise it (it always reads draft rows)."""
+def compile_traversal(prob, draft=True, ids="i64", parents="i64", block_m=16, aligned=True,
+                      logits=False, draft_logits=False, step=0):
+    """The traversal kernel as its launcher would specialise it (it always reads draft rows;
+    ``logits``, ``draft_logits``, ``step``: as for compile_tree)."""
     from specops.tree import launch
 
-    types = {"target_ptr": "*" + prob, "draft_ptr": "*" + prob, "ids_ptr": "*" + ids,
-             "parents_ptr": "*" + parents, "seed_ptr": "*i64", "offset_ptr": "*i64",
-             "out_tokens_ptr": "*i32", "out_nodes_ptr": "*i32", "emitted_ptr": "*i32"}
-    constexprs = {"BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK}
-    return compile_for_hopper(launch.TRAVERSAL.fn, types, constexprs, aligned,
-                              launch.TRAVERSAL.options)
+    constexprs = {"BLOCK_M": block_m, "GROUP": launch.GROUP, "CHUNK": CHUNK,
+                  **_tree_constexprs(logits, draft_logits, step)}
+    kernel = (launch.TRAVERSAL_STEP if step else launch.TRAVERSAL_FROM_LOGITS if logits else
+              launch.TRAVERSAL)
+    return compile_for_hopper(kernel.fn, _tree_types(prob, ids, parents), constexprs, aligned,
+                              kernel.options)
 
 
 @functools.lru_cache(maxsize=8)  # a kernel's report and its budget read the same listing

@@ -221,29 +221,30 @@ def test_dividing_by_a_float64_reciprocal_rounds_as_float32_division():
         assert torch.equal((x / r).view(torch.int32), product.view(torch.int32))
 
 
-def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
-    """A tree's target rows from logits on the Triton path, rule step 0 applied as the statistics
-    and the processed-rows pass read them: bit for bit the processed rows of the adjusted rows
-    written out, each node's path counted as generated (a token thrice on one path, an id outside
-    [0, V) that is not counted, under penalties strong enough that one count more or less moves
-    the rows); and step 0 is not applied by torch (no adjusted rows) nor are counts made per
-    node."""
-    from specops.core.logits.launch import processed_rows
-    from specops.tree.launch import processed_with_step
+@pytest.mark.parametrize("verification", ["token", "traversal"])
+def test_a_trees_kernels_apply_step_0_as_they_read(monkeypatch, verification):
+    """Seed after seed, a tree's kernel from logits (token and traversal verification), rule step
+    0 applied as the statistics and the kernel read the target's logits, gives the tokens and
+    nodes it gives the adjusted rows written out, each node's path counted as generated (a token
+    thrice on one path, an id outside [0, V) that is not counted, penalties strong enough that
+    one count more or less moves the rows, a greedy request); and no row-sized tensor is made:
+    neither adjusted nor processed rows, nor counts per node."""
+    from specops.tree.launch import tree_speculative_sampling_from_logits_triton as verify
     from specops.tree.processed import tree_generated
 
     m = 6
     g = torch.Generator().manual_seed(4)
     target = 2 * torch.randn(B, m + 1, V, generator=g)
+    draft = target + torch.randn(B, m + 1, V, generator=g)
     parents = torch.tensor([[0, 1, 2, 1, 0, 3]] * B)  # 1-2-3-6 a path; 4 under 2; 5 at the root
-    ids = target[:, 1:].argmax(-1)  # where the mass is
+    ids = target[:, :m].argmax(-1)  # where the mass is: children of the row they are judged in
     ids[:, 1] = ids[:, 2] = ids[:, 0]  # the path 1-2-3 carries one token thrice
     ids[:, 5] = ids[:, 0]
     ids[3, 1] = V + 5  # node 2's own token: not counted at it or below it
     ids[1, 3] = -1
     allowed = torch.rand(B, m + 1, V, generator=g) < 0.6
     allowed[..., 7] = True
-    allowed[torch.arange(B)[:, None], torch.arange(1, m + 1)[None, :], ids.clamp(0, V - 1)] = True
+    allowed[torch.arange(B)[:, None], torch.arange(m)[None, :], ids.clamp(0, V - 1)] = True
     step = Step(logit_bias=torch.randn(B, V, generator=g),
                 allowed_token_bitmask=packed_bitmask(allowed),
                 repetition_penalty=torch.tensor([2.0, 1.5, -1.0, 3.0]),
@@ -251,29 +252,35 @@ def test_a_trees_rows_apply_step_0_as_they_are_read(monkeypatch):
                 presence_penalty=torch.tensor([0.5, 2.0, 0.0, -0.5]),
                 output_token_counts=(torch.rand(B, V, generator=g) < 0.2).int(),
                 prompt_token_mask=torch.rand(B, V, generator=g) < 0.1)
-    target, ids, parents, step = target.to(DEVICE), ids.to(DEVICE), parents.to(DEVICE), \
-        to_device(step)
-    from specops.core.logits import rule
-
+    target, draft, ids, parents, step = (target.to(DEVICE), draft.to(DEVICE), ids.to(DEVICE),
+                                         parents.to(DEVICE), to_device(step))
     unpenalised = step._replace(repetition_penalty=None, frequency_penalty=None,
                                 presence_penalty=None)  # the bias and the mask: no paths
-    written = [processed_rows(given.adjusted(target, lambda counts: tree_generated(
-        counts, ids, parents)).contiguous(), *parameters("temperature"))
-        for given in (step, unpenalised)]
+    offset = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+
+    def call(logits, given, seed):
+        return verify(None, ids, parents, logits, draft, torch.arange(B, device=DEVICE) + seed,
+                      offset, *parameters("temperature"), True, *(None,) * 4, *given, "vllm",
+                      verification)
+
+    seeds = range(0, 30, 10)
+    written = {given: [call(given.adjusted(target, lambda counts: tree_generated(
+        counts, ids, parents)), Step(), seed) for seed in seeds] for given in (step, unpenalised)}
+    plain = [call(target, Step(), seed) for seed in seeds]
+    from specops.core.logits import rule
 
     def refused(*args):
         raise AssertionError("step 0 applied by torch, its adjusted rows written")
 
     monkeypatch.setattr(rule, "adjusted_logits", refused)
-    for given, expected in zip((step, unpenalised), written):
-        with Allocations() as allocations:
-            fused = processed_with_step(given, ids, parents, V)(target, *parameters("temperature"))
-        assert torch.equal(fused.view(torch.int32), expected.view(torch.int32))
-        assert all(dtype.is_floating_point for shape, dtype in allocations.made
-                   if len(shape) == 3 and shape[-1] == V)  # no counts per node
-    plain = processed_rows(target, *parameters("temperature"))
-    assert not torch.equal(written[0], plain)  # step 0 changed the rows: the test can fail
-    assert not torch.equal(written[0], written[1])  # so did the penalties
+    for given, expected in written.items():
+        for seed, outputs in zip(seeds, expected):
+            with Allocations() as allocations:
+                got = call(target, given, seed)
+            assert all(map(torch.equal, got, outputs))
+            assert not [shape for shape, dtype in allocations.made if shape[-1:] == (V,)]
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(written[step], plain))  # can fail
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(written[step], written[unpenalised]))
 
 
 @pytest.mark.parametrize("shape", ["chain", "random"])

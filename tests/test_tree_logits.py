@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import specops
 from specops.core.logits import rule
+from specops.core.sampling.race_triton import masses_residual
+from specops.core.sampling.values_triton import ONE_HOT, STATS
 from specops.tree.cpu import tree_speculative_sampling_from_logits_cpu
 from specops.tree.reference import tree_speculative_sampling_from_logits_reference
 
@@ -154,3 +158,74 @@ def test_triton_path_gives_the_references_tokens(draft):
     got = tree_speculative_sampling_from_logits_triton(*args)
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
+
+
+@triton.jit
+def row_pass(p_row, q_row, stats, out, w, vocab, GROUP: tl.constexpr, CHUNK: tl.constexpr):
+    """masses_residual over a row pair's chunks, both rows logits that may be greedy."""
+    res, p = masses_residual(p_row, q_row, w, 0, tl.cdiv(vocab, CHUNK), vocab, GROUP, CHUNK,
+                             ONE_HOT, stats, ONE_HOT, stats + STATS)
+    tl.store(out + tl.arange(0, GROUP), res)
+    tl.store(out + GROUP + tl.arange(0, GROUP), p)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("temperatures", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
+def test_row_passes_read_greedy_rows_one_hot(temperatures):
+    """The row pass of a tree's rejection (core/sampling/race_triton.py's masses_residual), on
+    logits read through their statistics, greedy rows one-hot (values_triton.ONE_HOT): its chunk
+    masses of relu(w p - q) and of p are those of the processed rows, greedy on either side or
+    both, the one-hot tokens in whole and partial chunks (V = 2500: chunks 0-1 whole, 2 not)."""
+    from specops.core.logits.launch import row_statistics
+
+    vocab, chunk, w = 2500, 1024, 0.75
+    for hot in (5, 2400):  # the greedy tokens in a whole chunk, then in the partial one
+        # p's row and q's, each a request of one row (its own temperature)
+        logits = torch.randn(2, 1, vocab, generator=torch.Generator().manual_seed(hot))
+        logits[:, 0, hot] = 4.0  # both rows' argmax: a greedy row's one-hot meets the other's
+        stats = row_statistics(logits.to(DEVICE), torch.tensor(temperatures, device=DEVICE),
+                               *(torch.tensor(v, device=DEVICE) for v in ([0, 0], [1.0, 1.0],
+                                                                          [0.0, 0.0])))
+        out = torch.zeros(8, device=DEVICE)
+        row_pass[(1,)](logits[0, 0].to(DEVICE), logits[1, 0].to(DEVICE), stats, out, w, vocab,
+                       GROUP=4, CHUNK=chunk)
+        p, q = rule.processed_rows(logits[:, 0], torch.tensor(temperatures), torch.tensor([0, 0]),
+                                   torch.ones(2), torch.zeros(2))
+        padded = lambda x: torch.nn.functional.pad(x, (0, 4 * chunk - vocab)).view(4, chunk)
+        expected = torch.cat([padded((w * p - q).clamp(min=0)).sum(-1), padded(p).sum(-1)])
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("verification", ["token", "traversal"])
+@pytest.mark.parametrize("temperatures", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
+def test_triton_greedy_rows_are_one_hot_in_every_pass(verification, temperatures):
+    """Greedy target or draft rows (temperature 0 on either side or both) read by the kernels'
+    passes as one-hot rows: a residual where both argmaxes agree has no mass, so the token comes
+    from the target's row; where they differ, from the residual; a child at the argmax is kept.
+    Against the reference, token for token."""
+    from specops.tree.launch import tree_speculative_sampling_from_logits_triton
+    from specops.tree.op import _reference
+    from specops.tree.processed import on_processed_rows
+
+    g = torch.Generator().manual_seed(8)
+    batch, vocab, parents = 6, 1100, full_tree(2, 2)  # V > 1024: the one-hot in either chunk
+    # Sharp rows: a residual without a greedy draft's token differs from one with it.
+    target = 4 * torch.randn(batch, len(parents) + 1, vocab, generator=g)
+    draft = torch.where(torch.arange(batch)[:, None, None] < 3, target,
+                        4 * torch.randn(batch, len(parents) + 1, vocab, generator=g))
+    judged = torch.tensor(parents)  # each node's parent's row: where it is judged
+    pick = torch.rand(batch, len(parents), generator=g)
+    ids = torch.where(pick < 0.15, target[:, judged].argmax(-1), torch.where(
+        pick < 0.85, draft[:, judged].argmax(-1),  # a greedy drafter's, often twice
+        torch.randint(0, vocab, (batch, len(parents)), generator=g)))
+    target_t, draft_t = (torch.tensor([t]) for t in temperatures)
+    args = (None, ids, torch.tensor(parents).expand(batch, -1), target, draft,
+            torch.arange(batch), torch.zeros(1, dtype=torch.int64), target_t,
+            torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1), True, draft_t,
+            *(None,) * 10, "vllm", verification)
+    expected = on_processed_rows(_reference)(*args)
+    got = tree_speculative_sampling_from_logits_triton(
+        *(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args))
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, expected))
+    assert (expected[2] > 0).any() and (expected[2] < 2).any()  # drafts kept and rejected

@@ -20,25 +20,82 @@ import triton
 import triton.language as tl
 
 from ..core.sampling.philox import philox_uniform, split_int64
-from ..core.sampling.probs_triton import sanitize
 from ..core.sampling.race_triton import (keep_best, masses_p, masses_residual, race_group,
                                          race_start, race_token)
+from ..core.sampling.step_triton import (PENALTIES, WORD_BITS, adjusted_at, drafts_before,
+                                         request_step, row_step)
 from ..core.sampling.sums_triton import BIN_LANES, add_masses, to_float
+from ..core.sampling.probs_triton import widen
+from ..core.sampling.values_triton import STATS, probabilities_at
+
+# Verification from logits: the kernels read the logits through their rows' statistics
+# (core/logits/triton.py), LOGITS and DRAFT_LOGITS being values_triton.ONE_HOT (a greedy row is
+# one-hot), the target's after rule step 0 where STEP is on; a node's rows are the tuple
+# ``node_rows`` makes (pointers to its target and draft rows and their statistics, and its
+# context of step 0), which every stage below takes.
 
 
 @triton.jit
-def residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
-                   GROUP: tl.constexpr, CHUNK: tl.constexpr):
-    """One pass over a node's row pair, GROUP chunks at a time: the exact mass of the residual
-    R = relu(w_row p - q) (float64, as core/sampling/sums.py's exact_total of its float32 chunk masses) and
-    the best (key, chunk) of the R race and of the p race."""
+def tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k, stride_path_n,
+              bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr, penalties_ptr, penalty_stride,
+              STEP: tl.constexpr):
+    """Request b's context of rule step 0 (STEP on): (its request context, its first row's
+    bitmask words, its paths' base and strides: a node's tokens, and from node to node)."""
+    request = request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
+                           penalty_stride, STEP)
+    return (request, bitmask_ptr + b * (num_nodes + 1) * tl.cdiv(vocab, WORD_BITS),
+            paths_ptr + b * stride_path_b, stride_path_k, stride_path_n)
+
+
+@triton.jit
+def node_rows(tree, step, node, vocab, STEP: tl.constexpr):
+    """Node ``node``'s rows (0: the root) of a request's ``tree`` = (target row 0, draft row 0,
+    their node strides, target statistics 0, draft statistics 0) and ``step`` (``tree_step``; 0
+    where STEP is off): (target row, draft row, their statistics, the row's context of step 0, its
+    path counted as generated)."""
+    target_row0, draft_row0, stride_tn, stride_dn, target_stats0, draft_stats0 = tree
+    n = node.to(tl.int64)
+    p_step = 0
+    if STEP:
+        request, bitmask_row0, paths0, stride_k, stride_n = step
+        ids0 = paths0 + n * stride_n
+        before = tl.zeros([], tl.int32)
+        if PENALTIES & STEP:
+            before = drafts_before(ids0, stride_k, node, vocab)
+        p_step = row_step(request, bitmask_row0, n, vocab, ids0, stride_k, before)
+    return (target_row0 + n * stride_tn, draft_row0 + n * stride_dn, target_stats0 + n * STATS,
+            draft_stats0 + n * STATS, p_step)
+
+
+@triton.jit
+def node_values(rows, x, LOGITS: tl.constexpr, DRAFT_LOGITS: tl.constexpr, STEP: tl.constexpr):
+    """(p(x), q(x)) of a node's rows (``node_rows``) at token x in [0, V): two scalar gathers."""
+    row_p, row_q, p_stats, q_stats, p_step = rows
+    x64 = x.to(tl.int64)
+    raw = tl.load(row_p + x64)
+    if STEP:
+        raw = adjusted_at(widen(raw), x, p_step, STEP)
+    px = probabilities_at(raw, p_stats, x, True, LOGITS)
+    qx = probabilities_at(tl.load(row_q + x64), q_stats, x, True, DRAFT_LOGITS)
+    return px, qx
+
+
+@triton.jit
+def residual_pass(rows, w_row, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
+                  GROUP: tl.constexpr, CHUNK: tl.constexpr, LOGITS: tl.constexpr,
+                  DRAFT_LOGITS: tl.constexpr, STEP: tl.constexpr):
+    """One pass over a node's row pair (``node_rows``), GROUP chunks at a time: the exact mass of
+    the residual R = relu(w_row p - q) (float64, as core/sampling/sums.py's exact_total of its
+    float32 chunk masses) and the best (key, chunk) of the R race and of the p race."""
+    row_p, row_q, p_stats, q_stats, p_step = rows
     res_key, res_chunk, p_key, p_chunk = race_start()
     bins = tl.zeros([1, BIN_LANES], tl.int64)
     chunks = tl.cdiv(vocab, CHUNK)
     for first in range(0, chunks, GROUP):
         count = tl.minimum(chunks - first, GROUP).to(tl.int32)
         res_masses, p_masses = masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP,
-                                               CHUNK)
+                                               CHUNK, LOGITS, p_stats, DRAFT_LOGITS, q_stats,
+                                               STEP, p_step)
         bins = add_masses(bins, res_masses[None, :])  # slots past count hold 0
         res_key, res_chunk, p_key, p_chunk = race_group(
             res_key, res_chunk, p_key, p_chunk, res_masses, p_masses, first, count, race_slot0,
@@ -47,20 +104,32 @@ def residual_pass(row_p, row_q, w_row, vocab, race_slot0, stream, off_lo, off_hi
 
 
 @triton.jit
-def p_pass(row_p, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi,
-            GROUP: tl.constexpr, CHUNK: tl.constexpr):
-    """One pass over a node's target row: the best (key, chunk) of the p race."""
+def p_pass(rows, vocab, race_slot0, stream, off_lo, off_hi, key_lo, key_hi, GROUP: tl.constexpr,
+           CHUNK: tl.constexpr, LOGITS: tl.constexpr, STEP: tl.constexpr):
+    """One pass over a node's target row (``node_rows``): the best (key, chunk) of the p race."""
+    row_p, row_q, p_stats, q_stats, p_step = rows
     p_key = tl.zeros([], tl.float64) + float("inf")
     p_chunk = tl.zeros([], tl.int64)
     slot = tl.arange(0, GROUP)
     chunks = tl.cdiv(vocab, CHUNK)
     for first in range(0, chunks, GROUP):
         count = tl.minimum(chunks - first, GROUP).to(tl.int32)
-        p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK)
+        p_masses = masses_p(row_p, 1.0, first, count, vocab, False, GROUP, CHUNK, LOGITS, p_stats,
+                            STEP, p_step)
         u = philox_uniform(race_slot0 + first + slot, stream, off_lo, off_hi, key_lo, key_hi)
         p_key, p_chunk = keep_best(p_key, p_chunk, p_masses, first, count,
                                    -tl.log(u.to(tl.float64)), GROUP)
     return p_key, p_chunk
+
+
+@triton.jit
+def node_token(rows, res_key, res_chunk, p_chunk, vocab, w_row, read_q, u_cdf,
+               HAS_DRAFT: tl.constexpr, CHUNK: tl.constexpr, LOGITS: tl.constexpr,
+               DRAFT_LOGITS: tl.constexpr, STEP: tl.constexpr):
+    """``race_token`` of a node's rows (``node_rows``)."""
+    row_p, row_q, p_stats, q_stats, p_step = rows
+    return race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab, w_row, read_q, -1, u_cdf,
+                      HAS_DRAFT, CHUNK, LOGITS, p_stats, DRAFT_LOGITS, q_stats, STEP, p_step)
 
 
 @triton.jit
@@ -102,11 +171,14 @@ def pick(values, lane, l):
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "parents_ptr", "seed_ptr", "offset_ptr", "out_tokens_ptr", "out_nodes_ptr",
-    "emitted_ptr", "num_nodes", "stride_ib", "stride_in", "stride_pb", "stride_pn",
-    "seed_stride", "offset_stride", "seed_per_request", "with_replacement", "draw_slots"])
+    "emitted_ptr", "target_stats_ptr", "draft_stats_ptr", "paths_ptr", "stride_path_b",
+    "stride_path_k", "stride_path_n", "penalties_ptr", "penalty_stride", "num_nodes", "stride_ib",
+    "stride_in", "stride_pb", "stride_pn", "seed_stride", "offset_stride", "seed_per_request",
+    "with_replacement", "draw_slots"])
 def tree_speculative_sampling_kernel(
-    target_ptr,  # (B, M + 1, V) target probabilities, vocabulary stride 1
-    draft_ptr,  # (B, M + 1, V) draft probabilities, vocabulary stride 1 (target_ptr when None)
+    target_ptr,  # (B, M + 1, V) target probabilities (LOGITS: logits), vocabulary stride 1
+    draft_ptr,  # (B, M + 1, V) draft probabilities (DRAFT_LOGITS: logits), vocabulary stride 1
+    # (target_ptr when None)
     ids_ptr,  # (B, M) node tokens
     parents_ptr,  # (B, M) node parents
     seed_ptr,  # (1,) or (B,) int64
@@ -114,10 +186,23 @@ def tree_speculative_sampling_kernel(
     out_tokens_ptr,  # (B, M + 1) int32 contiguous
     out_nodes_ptr,  # (B, M) int32 contiguous
     emitted_ptr,  # (B,) int32
+    target_stats_ptr,  # LOGITS: (B (M + 1), STATS) float64 statistics of the target's rows
+    draft_stats_ptr,  # DRAFT_LOGITS: (B (M + 1), STATS) float64 statistics of the draft's rows
+    # Rule step 0 of the target's rows (LOGITS, where STEP says; core/sampling/step_triton.py):
+    paths_ptr, stride_path_b, stride_path_k, stride_path_n,  # (B, M + 1, max(M, 1)) each node's
+    # path tokens counted as generated (launch.py's paths)
+    bias_ptr,  # (B, V) logit bias, contiguous
+    bitmask_ptr,  # (B, M + 1, ceil(V / 32)) int32, contiguous
+    counts_ptr,  # (B, V) output token counts, contiguous
+    prompt_ptr,  # (B, V) bool prompt token mask, contiguous
+    penalties_ptr, penalty_stride,  # (1 or B, 4) float64: repetition, frequency, presence, 1/r
     num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_pb, stride_pn, seed_stride, offset_stride, seed_per_request, with_replacement,
     draw_slots,  # K + 1: draw r's slots start at r (K + 1), node i's coin is K + 2i - 1 (slots.py)
     HAS_DRAFT: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+    LOGITS: tl.constexpr = 0,  # the rows are logits (values_triton.ONE_HOT)
+    DRAFT_LOGITS: tl.constexpr = 0,
+    STEP: tl.constexpr = 0,  # the parts of rule step 0 that are on (step_triton.py's flags)
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     stream, off_lo, off_hi, key_lo, key_hi = request_keys(b, seed_ptr, offset_ptr, seed_stride,
@@ -125,6 +210,14 @@ def tree_speculative_sampling_kernel(
     lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
                                               stride_ib, stride_in, stride_pb, stride_pn,
                                               BLOCK_M)
+    tree = (target_ptr + b * stride_tb, draft_ptr + b * stride_db, stride_tn, stride_dn,
+            target_stats_ptr + b * (num_nodes + 1) * STATS,
+            draft_stats_ptr + b * (num_nodes + 1) * STATS)
+    step = 0
+    if STEP:
+        step = tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k,
+                         stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
+                         penalties_ptr, penalty_stride, STEP)
 
     # The path is written as the walk takes it, the rest of the rows once it has stopped: every
     # output element has one store.
@@ -146,8 +239,7 @@ def tree_speculative_sampling_kernel(
         while walking != 0:
             # Rules 3-5 at this node: its children judged in node order.
             children = parent == node
-            row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
-            row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
+            rows = node_rows(tree, step, node, vocab, STEP)
             rejections = tl.zeros([], tl.int32)
             weight = tl.full([], 1.0, tl.float64)
             scale = tl.full([], 1.0, tl.float64)
@@ -160,8 +252,7 @@ def tree_speculative_sampling_kernel(
                 judging = (child < BLOCK_M).to(tl.int32)
                 if child < BLOCK_M:
                     x = pick(token, lane, child)
-                    px = sanitize(tl.load(row_p + x.to(tl.int64)))
-                    qx = sanitize(tl.load(row_q + x.to(tl.int64)))
+                    px, qx = node_values(rows, x, LOGITS, DRAFT_LOGITS, STEP)
                     earlier = children & (lane < child) & (token == x)
                     duplicate = tl.sum(earlier.to(tl.int32), axis=0) > 0
                     value = tl.where(rejections == 0, px,
@@ -187,36 +278,35 @@ def tree_speculative_sampling_kernel(
                         rejections += 1
                         after = child
                         mass, res_key, res_chunk, p_key, p_chunk = residual_pass(
-                            row_p, row_q, weight.to(tl.float32), vocab, 1, stream,
-                            off_lo, off_hi, key_lo, key_hi, GROUP, CHUNK)
+                            rows, weight.to(tl.float32), vocab, 1, stream, off_lo, off_hi,
+                            key_lo, key_hi, GROUP, CHUNK, LOGITS, DRAFT_LOGITS, STEP)
                         judging = (mass > 0).to(tl.int32)  # no mass: the rest are rejected
         # Rule 6: draw 0 at the node the walk stopped at, from the last residual where it has
         # rejections and mass, else from p.
-        row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
-        row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
+        rows = node_rows(tree, step, node, vocab, STEP)
         if rejections == 0:  # a node without children: p alone
-            p_key, p_chunk = p_pass(row_p, vocab, 1, stream, off_lo, off_hi, key_lo,
-                                     key_hi, GROUP, CHUNK)  # draw 0's race slots (slots.py)
+            p_key, p_chunk = p_pass(rows, vocab, 1, stream, off_lo, off_hi, key_lo, key_hi,
+                                    GROUP, CHUNK, LOGITS, STEP)  # draw 0's race slots (slots.py)
             res_key = no_race
         u_cdf = philox_uniform(0, stream, off_lo, off_hi, key_lo, key_hi)  # draw 0's
         # HAS_DRAFT & ...: a boolean, where Triton's interpreter would give a float comparison
         # the type of its operands (race_token broadcasts it into a load mask).
         read_q = HAS_DRAFT & (res_key < float("inf"))
-        drawn = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab,
-                           weight.to(tl.float32), read_q, -1, u_cdf, True, CHUNK)
+        drawn = node_token(rows, res_key, res_chunk, p_chunk, vocab, weight.to(tl.float32),
+                           read_q, u_cdf, True, CHUNK, LOGITS, DRAFT_LOGITS, STEP)
         drawn = tl.where((res_key < float("inf")) | (p_key < float("inf")), drawn, -1)
     else:
         drawn = tl.full([], -1, tl.int32)
         while walking != 0:
             # Target-only: draw r = depth from this node's target row; the first child carrying
             # the token is taken.
-            row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
+            rows = node_rows(tree, step, node, vocab, STEP)
             slot0 = depth * draw_slots
-            p_key, p_chunk = p_pass(row_p, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
-                                     key_hi, GROUP, CHUNK)
+            p_key, p_chunk = p_pass(rows, vocab, slot0 + 1, stream, off_lo, off_hi, key_lo,
+                                    key_hi, GROUP, CHUNK, LOGITS, STEP)
             u_cdf = philox_uniform(slot0, stream, off_lo, off_hi, key_lo, key_hi)
-            drawn = race_token(row_p, row_p, no_race, p_chunk, p_chunk, vocab, 1.0,
-                               tl.zeros([], tl.int1), -1, u_cdf, False, CHUNK)
+            drawn = node_token(rows, no_race, p_chunk, p_chunk, vocab, 1.0, tl.zeros([], tl.int1),
+                               u_cdf, False, CHUNK, LOGITS, DRAFT_LOGITS, STEP)
             drawn = tl.where(p_key < float("inf"), drawn, -1)
             child = tl.min(tl.where((parent == node) & (token == drawn), lane, BLOCK_M), axis=0)
             if child < BLOCK_M:

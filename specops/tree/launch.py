@@ -1,27 +1,34 @@
 """Launching the tree kernel, and the traversal kernel for traversal verification with draft
 probabilities: the three outputs, then one ``kernel[grid]`` launch of grid (B,). One program walks
 one request's tree, so there is no launch plan to make and no partials to
-combine (docs/internals/performance.md, "Tree verification", says why)."""
+combine (docs/internals/performance.md, "Tree verification", says why). From logits, the rows'
+statistics first (``core/logits/launch.py``); the kernels read the logits through them."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..core.launch.launcher import FOUR_WARPS, TritonKernel
+from ..core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
+from ..core.logits.launch import (FROM_LOGITS_OPTIONS, FROM_LOGITS_STEP_OPTIONS, given_or_off,
+                                  row_statistics, step_arguments)
+from ..core.logits.rule import ORDERS, drafts_own, optional_arguments
 from ..core.sampling.race import CHUNK_SIZE
-from ..core.logits.launch import processed_rows, step_arguments
+from ..core.sampling.values_triton import ONE_HOT
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
 from .traversal_kernel import tree_traversal_kernel
-from .processed import on_processed_rows
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
 GROUP = 128
 # tests/sass.py compiles the kernels with their options, read from these.
 KERNEL = TritonKernel(tree_speculative_sampling_kernel, **FOUR_WARPS)
 TRAVERSAL = TritonKernel(tree_traversal_kernel, **FOUR_WARPS)
+# Reading logits, built as the chain kernels that read them (core/logits/launch.py): 2 warps,
+# and with rule step 0 applied as the rows are read 4 warps under a cap of 255 registers.
+KERNEL_FROM_LOGITS = TritonKernel(tree_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
+TRAVERSAL_FROM_LOGITS = TritonKernel(tree_traversal_kernel, **FROM_LOGITS_OPTIONS)
+KERNEL_STEP = TritonKernel(tree_speculative_sampling_kernel, **FROM_LOGITS_STEP_OPTIONS)
+TRAVERSAL_STEP = TritonKernel(tree_traversal_kernel, **FROM_LOGITS_STEP_OPTIONS)
 
 
 def block_m(num_nodes: int) -> int:
@@ -50,9 +57,13 @@ def tree_speculative_sampling_triton(
 
 
 def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_probs, seed,
-           offset, with_replacement, **constexprs):
+           offset, with_replacement, target_stats=None, draft_stats=None, step=None,
+           **constexprs):
     """The three outputs, then one launch of grid (B,) of ``kernel``: the tree kernel, or the
-    traversal kernel (traversal_kernel.py), which take the same arguments."""
+    traversal kernel (traversal_kernel.py), which take the same arguments. From logits: the
+    statistics of the target's rows and of the draft's (given with LOGITS and DRAFT_LOGITS), and
+    ``step``, the kernels' arguments of rule step 0 (``step_arguments`` of the tree's
+    ``paths``; None: off)."""
     batch, num_nodes = draft_token_ids.shape
     vocab = target_probs.shape[2]
     device = target_probs.device
@@ -72,12 +83,15 @@ def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_p
     stride_pb, stride_pn = parents.stride()
     seed_stride = 0 if seed.numel() == 1 else seed.stride(0)
     offset_stride = 0 if offset.numel() == 1 else offset.stride(0)
+    no_stats = placeholder(device, torch.float64)
+    step_args, flags = given_or_off(step, device)
     kernel.fn[(batch,)](
         target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
-        emitted, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
+        emitted, no_stats if target_stats is None else target_stats,
+        no_stats if draft_stats is None else draft_stats, *step_args, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
         stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
         int(with_replacement), slots.slots_per_draw(vocab), BLOCK_M=block_m(num_nodes),
-        GROUP=GROUP, CHUNK=CHUNK_SIZE, **constexprs, **kernel.options)
+        GROUP=GROUP, CHUNK=CHUNK_SIZE, STEP=flags, **constexprs, **kernel.options)
     return out_tokens, out_nodes, emitted
 
 
@@ -119,17 +133,39 @@ def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> t
     return torch.where(order < num_nodes, tokens, -1)
 
 
-def processed_with_step(step, draft_token_ids, parents, vocab):
-    """``processed_rows`` of a tree's target rows with rule step 0 applied as they are read, each
-    node's path counted as generated (``paths``; without penalties nothing counts, and the ids
-    are passed as they are, never read): no adjusted rows are written."""
-    counted = (draft_token_ids if step.penalties() is None else
-               paths(draft_token_ids, parents, vocab))
-    arguments = step_arguments(step, counted, draft_token_ids.device, draft_token_ids.shape[1])
-    return functools.partial(processed_rows, step=arguments)
-
-
-# Verification from logits: the rows' statistics, a pass that writes the processed rows (the tree
-# kernel reads probabilities), then the above.
-tree_speculative_sampling_from_logits_triton = on_processed_rows(
-    tree_speculative_sampling_triton, processed_rows, processed_with_step)
+def tree_speculative_sampling_from_logits_triton(
+        draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
+        temperature, top_k, top_p, min_p, with_replacement=True, *rest):
+    """Same contract as ``reference.tree_speculative_sampling_from_logits_reference``: every
+    row's statistics, then the tree kernel (or the traversal kernel) reading the logits through
+    them, rule step 0 applied to the target's as they are read, each node's path counted as
+    generated (``paths``, built only with penalties). No processed rows are written."""
+    draft_parameters, step, order, verification = optional_arguments(rest)
+    min_p_last = ORDERS[order]
+    parameters = (temperature, top_k, top_p, min_p)
+    num_nodes = draft_token_ids.shape[1]
+    target_step = None
+    if step.changes_logits():  # without penalties nothing counts: the ids are never read
+        counted = (draft_token_ids if step.penalties() is None else
+                   paths(draft_token_ids, parents, target_logits.shape[-1]))
+        target_step = step_arguments(step, counted, target_logits.device, num_nodes)
+    if target_logits.stride(2) != 1:  # 16-byte row loads
+        target_logits = target_logits.contiguous()
+    target_stats = row_statistics(target_logits, *parameters, min_p_last=min_p_last,
+                                  step=target_step)
+    draft_stats = None
+    if draft_logits is not None:  # by the draft's own parameters, each None the target's
+        draft_logits = draft_logits if draft_logits.stride(2) == 1 else draft_logits.contiguous()
+        draft_stats = row_statistics(draft_logits, *drafts_own(draft_parameters, parameters),
+                                     min_p_last=min_p_last)
+        draft_probs = draft_logits
+    has_draft = draft_probs is not None
+    traversal = has_draft and tuple(verification) == ("traversal",)
+    kernel = ((TRAVERSAL_STEP if traversal else KERNEL_STEP) if target_step is not None else
+              TRAVERSAL_FROM_LOGITS if traversal else KERNEL_FROM_LOGITS)
+    constexprs = dict(LOGITS=ONE_HOT.value, DRAFT_LOGITS=ONE_HOT.value if draft_stats is not None
+                      else 0)
+    if not traversal:
+        constexprs["HAS_DRAFT"] = has_draft
+    return launch(kernel, draft_probs, draft_token_ids, parents, target_logits, seed, offset,
+                  with_replacement, target_stats, draft_stats, target_step, **constexprs)

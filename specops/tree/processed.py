@@ -9,26 +9,20 @@ import torch
 from ..core.logits import rule
 
 
-def on_processed_rows(verify, process=rule.processed_requests, step_inside=None):
+def on_processed_rows(verify, process=rule.processed_requests):
     """The from-logits backend of a tree verifier of probabilities: the target's rows (after rule
     step 0 where given: grammar mask, logit bias, penalties counting each node's path as
     generated) and the draft's, given as logits, processed by ``process`` (requests' rows
     (B, rows, V) and 1 or B values of each parameter -> float32 rows: the rule of
-    core/logits/rule.py, or a faster way to the same rows), then ``verify`` on them.
-    ``step_inside``: (Step, draft ids, parents, V) -> a ``process`` of the target's rows that
-    applies step 0 as it reads them (no adjusted rows written), or None: step 0 by torch first."""
+    core/logits/rule.py, or a faster way to the same rows), then ``verify`` on them."""
     def backend(draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed, offset,
                 temperature, top_k, top_p, min_p, with_replacement=True, *rest):
         draft_parameters, step, order, verification = rule.optional_arguments(rest)
         min_p_last = rule.ORDERS[order]
         parameters = (temperature, top_k, top_p, min_p)
-        if step_inside is not None and step.changes_logits():
-            target_probs = step_inside(step, draft_token_ids, parents, target_logits.shape[-1])(
-                target_logits, *parameters, min_p_last=min_p_last)
-        else:
-            target_logits = step.adjusted(
-                target_logits, lambda counts: tree_generated(counts, draft_token_ids, parents))
-            target_probs = process(target_logits, *parameters, min_p_last=min_p_last)
+        target_logits = step.adjusted(
+            target_logits, lambda counts: tree_generated(counts, draft_token_ids, parents))
+        target_probs = process(target_logits, *parameters, min_p_last=min_p_last)
         if draft_logits is not None:  # by the draft's own parameters, each None the target's
             draft_probs = process(draft_logits, *rule.drafts_own(draft_parameters, parameters),
                                   min_p_last=min_p_last)

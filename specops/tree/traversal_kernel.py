@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from ..core.sampling.philox import philox_uniform
-from ..core.sampling.probs_triton import sanitize
-from ..core.sampling.race_triton import race_token
-from .kernel import p_pass, pick, read_nodes, request_keys, residual_pass
+from ..core.sampling.values_triton import STATS
+from .kernel import (node_rows, node_token, node_values, p_pass, pick, read_nodes, request_keys,
+                     residual_pass, tree_step)
 
 HAS_DRAFT = tl.constexpr(True)  # a traversal always reads the draft's rows
 
@@ -41,11 +41,13 @@ def _child_value(a, rejections, w, m, s, px, qx):
     # Not on the row-addressing path: out of the specialisation key, so that no value of them (a
     # stride of 1, an odd count, a pointer 8 bytes past 16-byte alignment) compiles another kernel.
     "ids_ptr", "parents_ptr", "seed_ptr", "offset_ptr", "out_tokens_ptr", "out_nodes_ptr",
-    "emitted_ptr", "num_nodes", "stride_ib", "stride_in", "stride_pb", "stride_pn",
-    "seed_stride", "offset_stride", "seed_per_request", "with_replacement", "draw_slots"])
+    "emitted_ptr", "target_stats_ptr", "draft_stats_ptr", "paths_ptr", "stride_path_b",
+    "stride_path_k", "stride_path_n", "penalties_ptr", "penalty_stride", "num_nodes", "stride_ib",
+    "stride_in", "stride_pb", "stride_pn", "seed_stride", "offset_stride", "seed_per_request",
+    "with_replacement", "draw_slots"])
 def tree_traversal_kernel(
-    target_ptr,  # (B, M + 1, V) target probabilities, vocabulary stride 1
-    draft_ptr,  # (B, M + 1, V) draft probabilities, vocabulary stride 1
+    target_ptr,  # (B, M + 1, V) target probabilities (LOGITS: logits), vocabulary stride 1
+    draft_ptr,  # (B, M + 1, V) draft probabilities (DRAFT_LOGITS: logits), vocabulary stride 1
     ids_ptr,  # (B, M) node tokens
     parents_ptr,  # (B, M) node parents
     seed_ptr,  # (1,) or (B,) int64
@@ -53,10 +55,14 @@ def tree_traversal_kernel(
     out_tokens_ptr,  # (B, M + 1) int32 contiguous
     out_nodes_ptr,  # (B, M) int32 contiguous
     emitted_ptr,  # (B,) int32
+    # Verification from logits and rule step 0, as the tree kernel takes them (kernel.py)
+    target_stats_ptr, draft_stats_ptr, paths_ptr, stride_path_b, stride_path_k, stride_path_n,
+    bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr, penalties_ptr, penalty_stride,
     num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib, stride_in,
     stride_pb, stride_pn, seed_stride, offset_stride, seed_per_request, with_replacement,
     draw_slots,  # K + 1: draw 0's slots are 0 .. K, node i's coin is K + 2i - 1 (tree/slots.py)
     BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+    LOGITS: tl.constexpr = 0, DRAFT_LOGITS: tl.constexpr = 0, STEP: tl.constexpr = 0,
 ):
     b = tl.program_id(0).to(tl.int64)  # 64-bit: b * stride never overflows
     stream, off_lo, off_hi, key_lo, key_hi = request_keys(b, seed_ptr, offset_ptr, seed_stride,
@@ -64,6 +70,14 @@ def tree_traversal_kernel(
     lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
                                               stride_ib, stride_in, stride_pb, stride_pn,
                                               BLOCK_M)
+    tree = (target_ptr + b * stride_tb, draft_ptr + b * stride_db, stride_tn, stride_dn,
+            target_stats_ptr + b * (num_nodes + 1) * STATS,
+            draft_stats_ptr + b * (num_nodes + 1) * STATS)
+    step = 0
+    if STEP:
+        step = tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k,
+                         stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
+                         penalties_ptr, penalty_stride, STEP)
 
     # Every node's state (traversal_reference.Nodes), lane n for node n, and its residual race's best
     # (key, chunk) from its last rejection.
@@ -99,10 +113,8 @@ def tree_traversal_kernel(
             rejected = node - 1
         elif child < BLOCK_M:
             x = pick(token, lane, child)
-            row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
-            row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
-            px = sanitize(tl.load(row_p + x.to(tl.int64)))
-            qx = sanitize(tl.load(row_q + x.to(tl.int64)))
+            px, qx = node_values(node_rows(tree, step, node, vocab, STEP), x, LOGITS,
+                                 DRAFT_LOGITS, STEP)
             duplicate = tl.sum((children & (lane < child) & (token == x)).to(tl.int32), axis=0) > 0
             v = _child_value(a, pick(rejections, lane, node), pick(weight, lane, node),
                              pick(mass, lane, node), pick(scale, lane, node), px, qx)
@@ -142,14 +154,14 @@ def tree_traversal_kernel(
                 wu = pick(weight, lane, upper)
                 mu = pick(mass, lane, upper)
                 su = pick(scale, lane, upper)
-                row_p = target_ptr + b * stride_tb + upper.to(tl.int64) * stride_tn
-                row_q = draft_ptr + b * stride_db + upper.to(tl.int64) * stride_dn
-                qx = sanitize(tl.load(row_q + pick(token, lane, rejected).to(tl.int64)))
+                rows = node_rows(tree, step, upper, vocab, STEP)
+                px, qx = node_values(rows, pick(token, lane, rejected), LOGITS, DRAFT_LOGITS,
+                                     STEP)
                 first = ku == 0
                 w_new = tl.where(first, au, au * wu / (au + su * mu))
                 m_new, key, chunk, p_key, p_chunk = residual_pass(
-                    row_p, row_q, w_new.to(tl.float32), vocab, 1, stream, off_lo, off_hi,
-                    key_lo, key_hi, GROUP, CHUNK)  # draw 0's race slots (slots.py)
+                    rows, w_new.to(tl.float32), vocab, 1, stream, off_lo, off_hi, key_lo, key_hi,
+                    GROUP, CHUNK, LOGITS, DRAFT_LOGITS, STEP)  # draw 0's race slots (slots.py)
                 total = tl.where(first, su, au / tl.where(first, 1.0, mu) + su) * m_new
                 den = total + (1.0 - au)
                 a_new = tl.where(den > 0, total / tl.where(den > 0, den, 1.0), 0.0)
@@ -171,8 +183,7 @@ def tree_traversal_kernel(
 
     # The token after the path: drawn from the node's last residual where it has rejections and
     # mass, else from p there.
-    row_p = target_ptr + b * stride_tb + node.to(tl.int64) * stride_tn
-    row_q = draft_ptr + b * stride_db + node.to(tl.int64) * stride_dn
+    rows = node_rows(tree, step, node, vocab, STEP)
     use_residual = (pick(rejections, lane, node) > 0) & (tl.where(pick(mass, lane, node) > 0, 1, 0)
                                                          != 0)
     res_key = tl.where(use_residual, pick(race_key, lane, node), no_race)
@@ -180,14 +191,15 @@ def tree_traversal_kernel(
     p_key = tl.zeros([], tl.float64) + no_race
     p_chunk = tl.zeros([], tl.int64)
     if use_residual == 0:
-        p_key, p_chunk = p_pass(row_p, vocab, 1, stream, off_lo, off_hi, key_lo, key_hi, GROUP,
-                                CHUNK)  # draw 0's race slots (slots.py)
+        p_key, p_chunk = p_pass(rows, vocab, 1, stream, off_lo, off_hi, key_lo, key_hi, GROUP,
+                                CHUNK, LOGITS, STEP)  # draw 0's race slots (slots.py)
     u_cdf = philox_uniform(0, stream, off_lo, off_hi, key_lo, key_hi)  # draw 0's
     # HAS_DRAFT & ...: a boolean, where Triton's interpreter would give a float comparison the
     # type of its operands (race_token broadcasts it into a load mask).
     read_q = HAS_DRAFT & (res_key < float("inf"))
-    drawn = race_token(row_p, row_q, res_key, res_chunk, p_chunk, vocab,
-                       pick(weight, lane, node).to(tl.float32), read_q, -1, u_cdf, True, CHUNK)
+    drawn = node_token(rows, res_key, res_chunk, p_chunk, vocab,
+                       pick(weight, lane, node).to(tl.float32), read_q, u_cdf, True, CHUNK,
+                       LOGITS, DRAFT_LOGITS, STEP)
     drawn = tl.where((res_key < float("inf")) | (p_key < float("inf")), drawn, -1)
 
     # Rule 8: the path's tokens, the drawn token, then -1; its nodes, then -1; the count.

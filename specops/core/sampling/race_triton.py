@@ -6,7 +6,7 @@ code draw the same tokens.
 import triton
 import triton.language as tl
 
-from .values_triton import load_stats, row_values
+from .values_triton import GREEDY, ONE_HOT, load_stats, row_values
 from .philox import philox_uniform
 from .probs_triton import ABSENT, widen
 from .step_triton import adjusted_row
@@ -53,18 +53,22 @@ def _read_p(raw, start, lane, inside, p_step, P_STEP: tl.constexpr):
 
 @triton.jit
 def _stats_or_none(stats, LOGITS: tl.constexpr):
-    """(m, c, L, r) of a row whose values are logits; placeholders otherwise."""
+    """(m, c, L, r, the one-hot token) of a row whose values are logits (values_triton.row_values;
+    -1 unless ONE_HOT and greedy); placeholders otherwise."""
     if LOGITS:
         mode, peak, coef, limit, scale, index = load_stats(stats)
-        return peak, coef, limit, scale
-    return 0.0, 0.0, tl.zeros([], tl.uint32), 0.0
+        hot = tl.full([], -1, tl.int32)
+        if LOGITS == ONE_HOT:
+            hot = tl.where(mode == GREEDY, index.to(tl.int32), hot)
+        return peak, coef, limit, scale, hot
+    return 0.0, 0.0, tl.zeros([], tl.uint32), 0.0, tl.full([], -1, tl.int32)
 
 
 @triton.jit
-def _p_values(raw, w_row, SCALED: tl.constexpr, P_LOGITS: tl.constexpr, peak, coef, limit,
-              scale):
-    """One chunk of p (SCALED: of w_row * p), from its raw values."""
-    p = row_values(raw, P_LOGITS, peak, coef, limit, scale)
+def _p_values(raw, start, lane, w_row, SCALED: tl.constexpr, P_LOGITS: tl.constexpr, peak, coef,
+              limit, scale, hot):
+    """One chunk of p (SCALED: of w_row * p) at tokens start + lane, from its raw values."""
+    p = row_values(raw, P_LOGITS, peak, coef, limit, scale, start, lane, hot)
     if SCALED:
         p = w_row * p
     return p
@@ -82,46 +86,94 @@ def _whole_chunks(first, count, vocab, CHUNK: tl.constexpr):
     return tl.where(vocab - (first + count - 1) * CHUNK < CHUNK, count - 1, count)
 
 
+# A greedy row's values are one-hot at its token (values_triton.ONE_HOT): the row loops read it
+# as a sampled row (a greedy row keeps no logit, so all 0), then the one chunk that holds its
+# token is read again with it, once a group of chunks, so that no chunk spends a compare and a
+# select a value on the test (ptxas predicates a branch in the loop rather than skip it).
+
+
+@triton.jit
+def _hot_slot(hot, first, count, CHUNK: tl.constexpr):
+    """The slot, among chunks first .. first + count - 1, of the chunk that holds token ``hot``
+    (a greedy row's one-hot token); -1 where none does (hot -1: the row is not greedy)."""
+    k = hot // CHUNK - first
+    return tl.where((hot >= 0) & (k >= 0) & (k < count), k, -1)
+
+
+@triton.jit
+def _residual_chunk_again(res_masses, p_masses, k, row_p, row_q, w_row, first, vocab, p_args,
+                          q_args, CHUNK: tl.constexpr, P_STEP: tl.constexpr, p_step):
+    """``masses_residual``'s masses with slot k's chunk (where k >= 0) read again, each row
+    one-hot where greedy."""
+    if k >= 0:
+        P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot = p_args
+        Q_LOGITS, q_peak, q_coef, q_limit, q_scale, q_hot = q_args
+        lane = tl.arange(0, CHUNK)
+        slot = tl.arange(0, res_masses.shape[0])
+        offset = (first + k) * CHUNK
+        inside = lane < vocab - offset
+        raw_p = tl.load(row_p + offset + lane, mask=inside, other=ABSENT)
+        res, p = _residual_values(_read_p(raw_p, offset, lane, inside, p_step, P_STEP),
+                                  tl.load(row_q + offset + lane, mask=inside, other=ABSENT),
+                                  offset, lane, w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale,
+                                  p_hot, Q_LOGITS, q_peak, q_coef, q_limit, q_scale, q_hot)
+        res_masses = tl.where(slot == k, tl.sum(res, axis=0), res_masses)
+        p_masses = tl.where(slot == k, tl.sum(p, axis=0), p_masses)
+    return res_masses, p_masses
+
+
 @triton.jit
 def masses_p(row_p, w_row, first, count, vocab, SCALED: tl.constexpr, GROUP: tl.constexpr,
              CHUNK: tl.constexpr, P_LOGITS: tl.constexpr = False, p_stats=None,
              P_STEP: tl.constexpr = 0, p_step=None):
     """float32 masses of sanitised p (SCALED: of w_row * p) over chunks first .. first + count - 1
     (count <= GROUP), chunk first + i in slot i: the row loop when q is not read."""
-    peak, coef, limit, scale = _stats_or_none(p_stats, P_LOGITS)
+    peak, coef, limit, scale, hot = _stats_or_none(p_stats, P_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     masses = tl.zeros([GROUP], tl.float32)
     whole = _whole_chunks(first, count, vocab, CHUNK)
     ptr = row_p + first * CHUNK
-    start = first * CHUNK  # P_STEP only: the chunk's first token
+    start = first * CHUNK  # P_STEP and ONE_HOT only: the chunk's first token
     p_next = widen(tl.load(ptr + lane, mask=lane < tl.where(whole > 0, CHUNK, 0), other=ABSENT))
     for i in range(whole - 1):
-        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), w_row, SCALED,
-                      P_LOGITS, peak, coef, limit, scale)
+        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), start, lane,
+                      w_row, SCALED, P_LOGITS != 0, peak, coef, limit, scale, hot)
         ptr += CHUNK
         start += CHUNK
         p_next = widen(tl.load(ptr + lane))
         masses = tl.where(slot == i, tl.sum(p, axis=0), masses)
     if whole > 0:  # the last whole chunk, loaded by the loop
-        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), w_row, SCALED,
-                      P_LOGITS, peak, coef, limit, scale)
+        p = _p_values(_read_p(p_next, start, lane, lane < CHUNK, p_step, P_STEP), start, lane,
+                      w_row, SCALED, P_LOGITS != 0, peak, coef, limit, scale, hot)
         masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), masses)
     if whole < count:
         offset = (first + whole) * CHUNK
         raw = tl.load(row_p + offset + lane, mask=lane < vocab - offset, other=ABSENT)
         raw = _read_p(raw, offset, lane, lane < vocab - offset, p_step, P_STEP)
-        p = _p_values(raw, w_row, SCALED, P_LOGITS, peak, coef, limit, scale)
+        p = _p_values(raw, offset, lane, w_row, SCALED, P_LOGITS != 0, peak, coef, limit, scale,
+                      hot)
         masses = tl.where(slot == whole, tl.sum(p, axis=0), masses)
+    if P_LOGITS == ONE_HOT:  # a greedy row: the chunk of its token again, one-hot
+        k = _hot_slot(hot, first, count, CHUNK)
+        if k >= 0:
+            offset = (first + k) * CHUNK
+            inside = lane < vocab - offset
+            raw = tl.load(row_p + offset + lane, mask=inside, other=ABSENT)
+            p = _p_values(_read_p(raw, offset, lane, inside, p_step, P_STEP), offset, lane, w_row,
+                          SCALED, P_LOGITS, peak, coef, limit, scale, hot)
+            masses = tl.where(slot == k, tl.sum(p, axis=0), masses)
     return masses
 
 
 @triton.jit
-def _residual_values(raw_p, raw_q, w_row, P_LOGITS: tl.constexpr, p_peak, p_coef, p_limit,
-                     p_scale, Q_LOGITS: tl.constexpr, q_peak, q_coef, q_limit, q_scale):
-    """One chunk of the residual max(w_row p - q, 0), and of p, from their raw values."""
-    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale)
-    q = row_values(raw_q, Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+def _residual_values(raw_p, raw_q, start, lane, w_row, P_LOGITS: tl.constexpr, p_peak, p_coef,
+                     p_limit, p_scale, p_hot, Q_LOGITS: tl.constexpr, q_peak, q_coef, q_limit,
+                     q_scale, q_hot):
+    """One chunk of the residual max(w_row p - q, 0), and of p, at tokens start + lane from their
+    raw values."""
+    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale, start, lane, p_hot)
+    q = row_values(raw_q, Q_LOGITS, q_peak, q_coef, q_limit, q_scale, start, lane, q_hot)
     return tl.maximum(w_row * p - q, 0.0), p
 
 
@@ -132,8 +184,8 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
                     p_step=None):
     """float32 masses of the residual max(w_row p - q, 0) and of p over chunks first .. first +
     count - 1, chunk first + i in slot i: the row loop when q is read."""
-    p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
-    q_peak, q_coef, q_limit, q_scale = _stats_or_none(q_stats, Q_LOGITS)
+    p_peak, p_coef, p_limit, p_scale, p_hot = _stats_or_none(p_stats, P_LOGITS)
+    q_peak, q_coef, q_limit, q_scale, q_hot = _stats_or_none(q_stats, Q_LOGITS)
     slot = tl.arange(0, GROUP)
     lane = tl.arange(0, CHUNK)
     res_masses = tl.zeros([GROUP], tl.float32)
@@ -145,8 +197,9 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
     q_next = widen(tl.load(row_q + offset + lane, mask=in_range, other=ABSENT))
     for i in range(whole - 1):
         res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
-                                  q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale,
-                                  Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+                                  q_next, offset, lane, w_row, P_LOGITS != 0, p_peak, p_coef,
+                                  p_limit, p_scale, p_hot, Q_LOGITS != 0, q_peak, q_coef,
+                                  q_limit, q_scale, q_hot)
         offset += CHUNK
         p_next = widen(tl.load(row_p + offset + lane))
         q_next = widen(tl.load(row_q + offset + lane))
@@ -155,8 +208,9 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
         p_masses = tl.where(slot == i, p_mass, p_masses)
     if whole > 0:  # the last whole chunk, loaded by the loop
         res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
-                                  q_next, w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale,
-                                  Q_LOGITS, q_peak, q_coef, q_limit, q_scale)
+                                  q_next, offset, lane, w_row, P_LOGITS != 0, p_peak, p_coef,
+                                  p_limit, p_scale, p_hot, Q_LOGITS != 0, q_peak, q_coef,
+                                  q_limit, q_scale, q_hot)
         res_masses = tl.where(slot == whole - 1, tl.sum(res, axis=0), res_masses)
         p_masses = tl.where(slot == whole - 1, tl.sum(p, axis=0), p_masses)
     if whole < count:
@@ -165,10 +219,22 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
         raw_p = tl.load(row_p + offset + lane, mask=in_range, other=ABSENT)
         res, p = _residual_values(_read_p(raw_p, offset, lane, in_range, p_step, P_STEP),
                                   tl.load(row_q + offset + lane, mask=in_range, other=ABSENT),
-                                  w_row, P_LOGITS, p_peak, p_coef, p_limit, p_scale, Q_LOGITS,
-                                  q_peak, q_coef, q_limit, q_scale)
+                                  offset, lane, w_row, P_LOGITS != 0, p_peak, p_coef,
+                                  p_limit, p_scale, p_hot, Q_LOGITS != 0, q_peak, q_coef,
+                                  q_limit, q_scale, q_hot)
         res_masses = tl.where(slot == whole, tl.sum(res, axis=0), res_masses)
         p_masses = tl.where(slot == whole, tl.sum(p, axis=0), p_masses)
+    # Greedy rows: the chunk of each one's token again, both rows one-hot.
+    p_args = (P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot)
+    q_args = (Q_LOGITS, q_peak, q_coef, q_limit, q_scale, q_hot)
+    if P_LOGITS == ONE_HOT:
+        res_masses, p_masses = _residual_chunk_again(
+            res_masses, p_masses, _hot_slot(p_hot, first, count, CHUNK), row_p, row_q, w_row,
+            first, vocab, p_args, q_args, CHUNK, P_STEP, p_step)
+    if Q_LOGITS == ONE_HOT:
+        res_masses, p_masses = _residual_chunk_again(
+            res_masses, p_masses, _hot_slot(q_hot, first, count, CHUNK), row_p, row_q, w_row,
+            first, vocab, p_args, q_args, CHUNK, P_STEP, p_step)
     return res_masses, p_masses
 
 
@@ -181,14 +247,16 @@ def chunk_values(row_p, row_q, chunk, vocab, w_row, read_q, removed, HAS_DRAFT: 
     (draft given), w_row p with token ``removed`` zeroed (draft None; -1: none), else w_row p.
     With w_row = 1, read_q False and removed -1: p."""
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    p_peak, p_coef, p_limit, p_scale = _stats_or_none(p_stats, P_LOGITS)
+    p_peak, p_coef, p_limit, p_scale, p_hot = _stats_or_none(p_stats, P_LOGITS)
     raw_p = _read_p(tl.load(row_p + cols, mask=cols < vocab, other=ABSENT), chunk * CHUNK,
                     tl.arange(0, CHUNK), cols < vocab, p_step, P_STEP)
-    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale)
+    p = row_values(raw_p, P_LOGITS, p_peak, p_coef, p_limit, p_scale, chunk * CHUNK,
+                   tl.arange(0, CHUNK), p_hot)
     if HAS_DRAFT:
-        q_peak, q_coef, q_limit, q_scale = _stats_or_none(q_stats, Q_LOGITS)
+        q_peak, q_coef, q_limit, q_scale, q_hot = _stats_or_none(q_stats, Q_LOGITS)
         q = row_values(tl.load(row_q + cols, mask=(cols < vocab) & read_q, other=ABSENT), Q_LOGITS,
-                       q_peak, q_coef, q_limit, q_scale)
+                       q_peak, q_coef, q_limit, q_scale, chunk * CHUNK, tl.arange(0, CHUNK),
+                       tl.where(read_q, q_hot, -1))
         return tl.maximum(w_row * p - q, 0.0)  # == w_row p when q is not read
     else:
         return tl.where(cols == removed, 0.0, w_row * p)

@@ -147,6 +147,18 @@ def adjusted_drafts(x, d, valid, vocab, step0, STEP: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def adjusted_at(x, token, step, STEP: tl.constexpr):
+    """``adjusted`` of one logit x at ``token`` (a scalar in [0, V)) of the row whose context is
+    ``step`` (``row_step``), the drafts before it counted in a loop."""
+    request, mask_row, ids0, stride_in, before = step
+    drafts = tl.zeros([], tl.int32)
+    if PENALTIES & STEP:
+        for k in range(0, before):
+            drafts += (tl.load(ids0 + k * stride_in) == token).to(tl.int32)
+    return adjusted(x, token, True, mask_row, drafts, request, STEP)
+
+
+@triton.jit
 def adjusted_draft(x, d, valid, i, vocab, step0, STEP: tl.constexpr):
     """``adjusted_drafts`` for one draft d = d_i (a scalar, read where ``valid``) from row i."""
     request, mask_row, ids0, stride_in, before = step0

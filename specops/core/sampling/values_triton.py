@@ -12,6 +12,10 @@ NO_MASS = tl.constexpr(0)
 SAMPLED = tl.constexpr(1)
 GREEDY = tl.constexpr(2)
 STATS = tl.constexpr(6)  # mode, m, c, L, r, greedy index
+# A kernel's LOGITS flag for rows of logits that may be greedy: their values are then one-hot at
+# the row's index (a tree's row passes read such rows; a chain's kernels draw a greedy row's
+# token without a pass, so theirs compile without the test).
+ONE_HOT = tl.constexpr(2)
 
 
 @triton.jit
@@ -46,11 +50,16 @@ def greedy_row(stats):
 
 
 @triton.jit
-def row_values(raw, LOGITS: tl.constexpr, peak, coef, limit, scale):
-    """A row's values as the rules read them: the sanitised probabilities, or (LOGITS) the
-    probabilities a sampled row's statistics give its logits."""
+def row_values(raw, LOGITS: tl.constexpr, peak, coef, limit, scale, start=None, lane=None,
+               hot=None):
+    """A row's values at tokens start + lane as the rules read them: the sanitised probabilities,
+    or (LOGITS) the probabilities a sampled row's statistics give its logits, with ONE_HOT 1 at
+    token ``hot`` (int32: a greedy row's index, else -1; a greedy row keeps no logit)."""
     if LOGITS:
-        return processed(widen(raw), peak, coef, limit, scale)
+        values = processed(widen(raw), peak, coef, limit, scale)
+        if LOGITS == ONE_HOT:
+            values = tl.where(lane == hot - start.to(tl.int32), 1.0, values)
+        return values
     return sanitize(raw)
 
 
