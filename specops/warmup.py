@@ -60,7 +60,7 @@ def warmup(
     the rows): ``logit_bias`` (float32), ``allowed_token_bitmask``, ``penalties`` (any of the
     three, with int32 output_token_counts) and ``prompt_token_mask`` (with penalties only) each
     True where the loop's calls give it, False where not, or (False, True) for both; they select
-    a tree's statistics and processed-rows kernels alike; a call asking for logprobs and lossy
+    a tree's statistics and tree kernels alike; a call asking for logprobs and lossy
     acceptance read float32 copies of the adjusted rows instead, so include ``torch.float32`` for
     those.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
@@ -167,7 +167,7 @@ def warmup(
                 ids = torch.zeros(1, n, dtype=ids_dt, device=device)
                 parents = torch.zeros(1, n, dtype=parents_dt, device=device)
                 seed = torch.zeros(2, dtype=torch.int64, device=device)
-                if logit:  # the statistics, the processed rows, the float32 tree kernel
+                if logit:  # the statistics, then the tree kernel reading the logits
                     tree_speculative_sampling_from_logits_triton(
                         draft if source == "probs" else None, ids, parents, target,
                         draft if source == "logits" else None, seed[:1], seed[1:],

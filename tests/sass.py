@@ -410,18 +410,6 @@ def compile_statistics(prob, varlen=False, step=0):
                               statistics_kernel(step).options)
 
 
-def compile_processed_rows(prob, step=0):
-    """The pass that writes processed rows of logits (trees from logits) as its launcher
-    specialises it (``step``: rule step 0's flags)."""
-    from specops.core.logits.launch import PROCESSED, PROCESSED_STEP
-    from specops.core.logits.triton import processed_rows_kernel
-
-    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "out_ptr": "*fp32",
-             "ids_ptr": "*i64", **STEP_TYPES}
-    return compile_for_hopper(processed_rows_kernel, types, {"CHUNK": CHUNK, "STEP": step}, True,
-                              (PROCESSED_STEP if step else PROCESSED).options)
-
-
 def compile_row_entropy(prob):
     """The entropy pass typical acceptance reads (core/logprobs/kernel.py) as its launcher
     specialises it."""

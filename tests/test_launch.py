@@ -212,15 +212,15 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     # kernel, each with and without draft_probs. From logits, token: the row statistics kernel,
     # and the main kernel reading logits with drafts from probabilities, from logits and neither;
     # block: the statistics kernel, and the row pass and the scan for each source of drafts.
-    # Tree: its one kernel, with and without draft_probs; from logits, the statistics kernel, the
-    # pass that writes the processed rows, and the float32 tree kernel with and without drafts.
+    # Tree: its one kernel, with and without draft_probs; from logits, the statistics kernel and
+    # the tree kernel reading logits with drafts from probabilities, from logits and neither.
     # Traversal: its kernel with draft_probs, the tree kernel without (the token rule's).
     # From logits, every mode also loads the entropy pass typical acceptance reads. With step 0
     # on, the target's statistics kernel and the main kernels apply it (the draft logits'
-    # statistics kernel does not); a tree's, its statistics and processed-rows kernels: two more.
+    # statistics kernel does not): one more each for chains and trees.
     expected = {("token", "logits+step"): 6, ("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
                 ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5,
-                ("traversal", "probs"): 2, ("tree", "logits+step"): 7}
+                ("traversal", "probs"): 2, ("tree", "logits+step"): 6}
     if (verification, logits) in expected:
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result

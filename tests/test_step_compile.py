@@ -6,8 +6,8 @@ Step 0 reads, besides each logit, a float32 bias, an int32 count, a prompt mask'
 of the grammar mask, and counts the drafts before the row. With every part on: nothing may spill,
 the rows and the bias and counts must still be read with 16-byte loads, and each row loop must
 issue fast enough for what it moves (the logits and step 0's inputs: sass.EVERY_STEP_INPUTS)
-to stream faster than 1.25 x the H200's bandwidth. Chains of more than 16 drafts count them in a
-loop inside the row loops (LONG_SPECS): checked for spills only.
+to stream faster than 1.25 x the H200's bandwidth. Chains of more than 16 drafts (trees of more
+than 16 nodes) count them in a loop inside the row loops (LONG_SPECS): checked for spills only.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ SPECS = [("token", "bf16", True, False, False, EVERY), ("token", "fp32", True, F
          ("block", "fp16", False, False, False, EVERY),
          ("statistics", "bf16", None, None, False, EVERY),
          ("statistics", "fp32", None, None, False, EVERY),
-         ("statistics", "fp16", None, None, True, EVERY)]
-# Checked for spills only (their row loops hold the draft loop; the pass that writes a tree's
-# processed rows has no row loop).
+         ("statistics", "fp16", None, None, True, EVERY),
+         ("tree", "bf16", True, True, False, EVERY), ("tree", "fp32", False, False, False, EVERY),
+         ("traversal", "bf16", True, False, False, EVERY)]
+# Checked for spills only (their row loops hold the draft loop).
 LONG_SPECS = [("token", "bf16", True, False, False, LONG),
               ("block", "fp32", True, False, False, LONG),
               ("statistics", "bf16", None, None, False, LONG),
-              ("processed", "bf16", None, None, False, EVERY),
-              ("processed", "fp32", None, None, False, LONG)]
+              ("tree", "bf16", True, False, False, LONG),
+              ("traversal", "fp32", True, True, False, LONG)]
 
 WORKER = r'''
 import json, sys
@@ -51,8 +52,12 @@ specs, long_specs = json.loads(sys.argv[1])
 for kind, prob, draft, draft_logits, varlen, step in specs + long_specs:
     step_inputs = sass.EVERY_STEP_INPUTS if step % 16 == 15 else sass.BIAS_INPUTS
     budgeted = [kind, prob, draft, draft_logits, varlen, step] in specs
-    if kind == "processed":
-        found = sass.compile_report(sass.compile_processed_rows(prob, step))
+    if kind in ("tree", "traversal"):
+        compile = sass.compile_tree if kind == "tree" else sass.compile_traversal
+        kernel = compile(prob, draft, logits=True, draft_logits=draft_logits, step=step)
+        found = sass.compile_report(kernel, with_row_loops=budgeted)
+        if budgeted:
+            found["budget"] = sass.budget(prob, draft, kernel, kind, " step 0", step_inputs)
     elif kind == "statistics":
         kernel = sass.compile_statistics(prob, varlen, step)
         found = sass.compile_report(kernel)
@@ -91,7 +96,8 @@ def test_rows_bias_and_counts_use_16_byte_loads(compiled):
         kind, prob, draft, _, _, step = spec
         if kind == "statistics" or spec in LONG_SPECS:
             continue
-        expected = {"p", "residual"} if draft else {"p", "scaled"} if kind == "block" else {"p"}
+        expected = ({"p", "residual"} if draft else {"p", "scaled"} if kind == "block" else
+                    {"p"})
         assert set(report["row_loops"]) == expected, (spec, report)
         # Counted over the whole loop (a compiler may give a row's load a line of step 0's, or
         # the other way): a row read a narrower way, or the bias or counts, would leave fewer
@@ -107,11 +113,11 @@ def test_rows_bias_and_counts_use_16_byte_loads(compiled):
 def test_issue_bound_beats_the_goal(compiled):
     # token: p and residual (draft given), p (None); block: p and residual, p and w p; the
     # statistics kernel: each kind of pass (peak, count, mass) found, however many of their
-    # inlined copies ptxas leaves as loops of their own
+    # inlined copies ptxas leaves as loops of their own; trees as token
     rows = [row for _, report in compiled for row in report.get("budget", [])]
     for spec, report in compiled:
         if spec[0] == "statistics" and spec in SPECS:
             passes = {row["variant"].split()[-2] for row in report["budget"]}
             assert passes == {"peak", "count", "mass"}, (spec, report["budget"])
     assert_issue_bounds(rows, len(rows))
-    assert len(rows) >= 2 + 2 + 1 + 2 + 2 + 2 + 2 + 2 + 3 * 3
+    assert len(rows) >= 2 + 2 + 1 + 2 + 2 + 2 + 2 + 2 + 3 * 3 + 2 + 1 + 2

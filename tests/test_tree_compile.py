@@ -1,4 +1,5 @@
-"""Ahead-of-time compilation of the tree kernel and the traversal kernel for Hopper (sm_90), no GPU needed (the approach of
+"""Ahead-of-time compilation of the tree kernel and the traversal kernel for Hopper (sm_90), reading probabilities and
+reading logits, no GPU needed (the approach of
 tests/test_triton_compile.py; tests/sass.py does the compiling and the reading): its
 row loops must read their rows with 16-byte loads only and stay within the instruction budget, and
 nothing may spill to local memory. Compiled in a subprocess without TRITON_INTERPRET (under the
@@ -60,8 +61,30 @@ for prob, aligned, ids, parents, block_m in json.loads(sys.argv[1]):
 print(json.dumps(out))
 '''
 
+# Verification from logits (tree/launch.py): the kernels reading the logits through their rows'
+# statistics, greedy rows one-hot. (kernel, dtype, drafts: "probs", "logits" or None)
+FROM_LOGITS_SPECS = ([("tree", prob, drafts) for prob in ("bf16", "fp32")
+                      for drafts in ("probs", "logits", None)]
+                     + [("traversal", "bf16", "probs"), ("traversal", "bf16", "logits"),
+                        ("traversal", "fp16", "logits")])
+
+FROM_LOGITS_WORKER = r'''
+import json, sys
+import sass  # tests/sass.py
+
+out = []
+for kind, prob, drafts in json.loads(sys.argv[1]):
+    compile = sass.compile_tree if kind == "tree" else sass.compile_traversal
+    kernel = compile(prob, drafts is not None, logits=True, draft_logits=drafts == "logits")
+    found = sass.compile_report(kernel, with_row_loops=True)
+    found["budget"] = sass.budget(prob, drafts is not None, kernel, kind, f" logits {drafts}")
+    out.append(found)
+print(json.dumps(out))
+'''
+
 COMPILE_JOBS = [(WORKER, json.dumps(SPECS)),  # conftest.py starts them ahead
-                (TRAVERSAL_WORKER, json.dumps(TRAVERSAL_SPECS))]
+                (TRAVERSAL_WORKER, json.dumps(TRAVERSAL_SPECS)),
+                (FROM_LOGITS_WORKER, json.dumps(FROM_LOGITS_SPECS))]
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +134,23 @@ def test_traversal_row_loops_use_16_byte_loads(traversal_compiled):
 def test_traversal_issue_bound_beats_the_goal(traversal_compiled):
     # 3 dtypes x (p, residual read)
     assert_issue_bounds([row for res in traversal_compiled for row in res.get("budget", [])], 6)
+
+
+@pytest.fixture(scope="module")
+def from_logits_compiled():
+    return run_worker(*COMPILE_JOBS[2])
+
+
+def test_from_logits_kernels_have_no_spills_and_read_rows_16_bytes_at_a_time(
+        from_logits_compiled):
+    for spec, res in zip(FROM_LOGITS_SPECS, from_logits_compiled):
+        assert_no_spills(res, spec)
+        assert set(res["row_loops"]) == ({"p", "residual"} if spec[2] else {"p"}), (spec, res)
+        assert_16_byte_row_loads(res, spec[1], spec)
+
+
+def test_from_logits_issue_bound_beats_the_goal(from_logits_compiled):
+    # A greedy row's one-hot token is no work in the row loops (race_triton.py reads its chunk
+    # again once a group): their budget is the chain kernels' reading logits.
+    assert_issue_bounds([row for res in from_logits_compiled for row in res["budget"]],
+                        2 * (2 + 2 + 1) + 3 * 2)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core.launch.launcher import FOUR_WARPS, TritonKernel, placeholder
-from ..core.logits.launch import (FROM_LOGITS_OPTIONS, FROM_LOGITS_STEP_OPTIONS, given_or_off,
-                                  row_statistics, step_arguments)
+from ..core.launch.launcher import FOUR_WARPS, TritonKernel, build_options, placeholder
+from ..core.logits.launch import (FROM_LOGITS_STEP_OPTIONS, given_or_off, row_statistics,
+                                  step_arguments)
 from ..core.logits.rule import ORDERS, drafts_own, optional_arguments
 from ..core.sampling.race import CHUNK_SIZE
 from ..core.sampling.values_triton import ONE_HOT
@@ -24,9 +24,12 @@ GROUP = 128
 KERNEL = TritonKernel(tree_speculative_sampling_kernel, **FOUR_WARPS)
 TRAVERSAL = TritonKernel(tree_traversal_kernel, **FOUR_WARPS)
 # Reading logits, built as the chain kernels that read them (core/logits/launch.py): 2 warps,
-# and with rule step 0 applied as the rows are read 4 warps under a cap of 255 registers.
-KERNEL_FROM_LOGITS = TritonKernel(tree_speculative_sampling_kernel, **FROM_LOGITS_OPTIONS)
-TRAVERSAL_FROM_LOGITS = TritonKernel(tree_traversal_kernel, **FROM_LOGITS_OPTIONS)
+# and with rule step 0 applied as the rows are read 4 warps under a cap of 255 registers. At 2
+# warps ptxas otherwise keeps the tree kernel to 96 registers and spills; with a program per
+# request, its registers cost no occupancy that matters.
+FROM_LOGITS = build_options(2, maxnreg=255)
+KERNEL_FROM_LOGITS = TritonKernel(tree_speculative_sampling_kernel, **FROM_LOGITS)
+TRAVERSAL_FROM_LOGITS = TritonKernel(tree_traversal_kernel, **FROM_LOGITS)
 KERNEL_STEP = TritonKernel(tree_speculative_sampling_kernel, **FROM_LOGITS_STEP_OPTIONS)
 TRAVERSAL_STEP = TritonKernel(tree_traversal_kernel, **FROM_LOGITS_STEP_OPTIONS)
 

@@ -1,16 +1,15 @@
-"""Launching ``triton.row_statistics_kernel`` (one program per row of logits) and
-``triton.processed_rows_kernel``, each one ``kernel[grid]`` launch (core/launch/launcher.py)."""
+"""Launching ``triton.row_statistics_kernel``: one program per row of logits, one ``kernel[grid]``
+launch (core/launch/launcher.py)."""
 
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..launch.launcher import TritonKernel, build_options, placeholder
 from ..sampling import step_triton
 from ..sampling.race import CHUNK_SIZE
 from .rule import Step
-from .triton import processed_rows_kernel, row_statistics_kernel
+from .triton import row_statistics_kernel
 
 # The kernels' STEP flags, and the factor of the most drafts before a row.
 BIAS, MASK, PENALTIES, PROMPT, DRAFTS = (flag.value for flag in (
@@ -33,10 +32,6 @@ STATISTICS = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=128)
 # With rule step 0 inside, a chunk's values hold more (bias, counts, the drafts' hits): under 128
 # it spills, and with the cap at 255 ptxas takes what it needs (about 210).
 STATISTICS_STEP = TritonKernel(row_statistics_kernel, **build_options(2, maxnreg=255))
-# A row pass over 1024-value chunks, as the samplers' (4 warps: 8 values a thread).
-PROCESSED = TritonKernel(processed_rows_kernel, **build_options(4))
-# With rule step 0 inside, as the verification kernels that apply it (FROM_LOGITS_STEP_OPTIONS).
-PROCESSED_STEP = TritonKernel(processed_rows_kernel, **build_options(4, maxnreg=255))
 
 
 def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: torch.device,
@@ -137,26 +132,3 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
                                     *strides, int(min_p_last), *step_args, CHUNK=CHUNK_SIZE,
                                     VARLEN=flattened is not None, STEP=flags, **kernel.options)
     return stats
-
-
-def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False,
-                   step: tuple[list, int] | None = None) -> torch.Tensor:
-    """``rule.processed_rows`` of every row of logits (B, positions, V) under each request's
-    parameters (1 or B values each): float32 (B, positions, V), written by the GPU (the
-    statistics, then one pass that writes the rows). ``step``: ``step_arguments``, rule step 0
-    applied as both read the rows (None: the logits as given)."""
-    logits = logits if logits.stride(2) == 1 else logits.contiguous()  # 16-byte row loads
-    batch, positions, vocab = logits.shape
-    out = torch.empty((batch, positions, vocab), dtype=torch.float32, device=logits.device)
-    if out.numel() == 0:
-        return out
-    stats = row_statistics(logits, temperature, top_k, top_p, min_p, min_p_last=min_p_last,
-                           step=step)
-    step_args, flags = given_or_off(step, logits.device)
-    stride_b, stride_n, _ = logits.stride()
-    kernel = PROCESSED_STEP if flags else PROCESSED
-    kernel.fn[(batch * positions, triton.cdiv(vocab, CHUNK_SIZE))](
-        logits, stats, out, positions, vocab, stride_b, stride_n, *step_args, CHUNK=CHUNK_SIZE,
-        STEP=flags, **kernel.options)
-    return out

@@ -25,7 +25,7 @@ import triton.language as tl
 from ..launch.rows_triton import flattened_request
 from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
-from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS, load_stats, processed
+from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS
 from . import rule as logits
 from ..sampling.step_triton import adjusted_row, drafts_before, request_step, row_step
 
@@ -259,41 +259,3 @@ def row_statistics_kernel(
     tl.store(out + 3, limit.to(tl.float64))
     tl.store(out + 4, scale.to(tl.float64))
     tl.store(out + 5, index.to(tl.float64))
-
-
-# Step 0's ids and penalties out of the specialisation key, as in the statistics kernel: one
-# request's penalties or B requests' (a stride of 0 or 4) select no other kernel.
-@triton.jit(do_not_specialize=["ids_ptr", "stride_ib", "stride_in", "stride_it", "penalties_ptr",
-                               "penalty_stride"])
-def processed_rows_kernel(
-    logits_ptr,  # (B, positions, V) logits, vocabulary stride 1
-    stats_ptr,  # (B * positions, STATS) float64: the rows' statistics
-    out_ptr,  # (B * positions, V) float32 contiguous, written
-    positions, vocab, stride_b, stride_n,
-    # Rule step 0 where STEP says, as the statistics kernel reads it (its arguments)
-    ids_ptr, stride_ib, stride_in, stride_it, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
-    penalties_ptr, penalty_stride,
-    CHUNK: tl.constexpr,
-    STEP: tl.constexpr = 0,
-):
-    """Program (row, chunk): the chunk's processed probabilities (rule.processed_rows' row), for
-    a sampler that reads probabilities rather than logits through their statistics."""
-    row = tl.program_id(0).to(tl.int64)
-    b = row // positions
-    t = row % positions
-    start = tl.program_id(1) * CHUNK
-    lane = tl.arange(0, CHUNK)
-    column = start + lane
-    inside = column < vocab
-    mode, peak, coef, limit, scale, index = load_stats(stats_ptr + row * STATS)
-    x = widen(tl.load(logits_ptr + b * stride_b + t * stride_n + column, mask=inside, other=0.0))
-    if STEP:
-        ids0 = ids_ptr + b * stride_ib + t * stride_it
-        step = row_step(request_step(b, vocab, bias_ptr, counts_ptr, prompt_ptr, penalties_ptr,
-                                     penalty_stride, STEP),
-                        bitmask_ptr, row, vocab, ids0, stride_in,
-                        drafts_before(ids0, stride_in, t, vocab))
-        x = adjusted_row(x, start, lane, inside, step, STEP)
-    sampled = tl.where(mode == SAMPLED, processed(x, peak, coef, limit, scale), 0.0)
-    values = tl.where(mode == GREEDY, (column == index).to(tl.float32), sampled)
-    tl.store(out_ptr + row * vocab + column, values, mask=inside)
