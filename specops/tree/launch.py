@@ -156,19 +156,17 @@ def tree_speculative_sampling_from_logits_triton(
         target_logits = target_logits.contiguous()
     target_stats = row_statistics(target_logits, *parameters, min_p_last=min_p_last,
                                   step=target_step)
-    draft_stats = None
+    draft_rows, draft_stats = draft_probs, None  # the draft's rows: probabilities, or logits
     if draft_logits is not None:  # by the draft's own parameters, each None the target's
-        draft_logits = draft_logits if draft_logits.stride(2) == 1 else draft_logits.contiguous()
-        draft_stats = row_statistics(draft_logits, *drafts_own(draft_parameters, parameters),
+        draft_rows = draft_logits if draft_logits.stride(2) == 1 else draft_logits.contiguous()
+        draft_stats = row_statistics(draft_rows, *drafts_own(draft_parameters, parameters),
                                      min_p_last=min_p_last)
-        draft_probs = draft_logits
-    has_draft = draft_probs is not None
-    traversal = has_draft and tuple(verification) == ("traversal",)
+    traversal = draft_rows is not None and tuple(verification) == ("traversal",)
     kernel = ((TRAVERSAL_STEP if traversal else KERNEL_STEP) if target_step is not None else
               TRAVERSAL_FROM_LOGITS if traversal else KERNEL_FROM_LOGITS)
-    constexprs = dict(LOGITS=ONE_HOT.value, DRAFT_LOGITS=ONE_HOT.value if draft_stats is not None
-                      else 0)
-    if not traversal:
-        constexprs["HAS_DRAFT"] = has_draft
-    return launch(kernel, draft_probs, draft_token_ids, parents, target_logits, seed, offset,
+    constexprs = dict(LOGITS=ONE_HOT.value,
+                      DRAFT_LOGITS=ONE_HOT.value if draft_stats is not None else 0)
+    if not traversal:  # the traversal kernel always reads draft rows
+        constexprs["HAS_DRAFT"] = draft_rows is not None
+    return launch(kernel, draft_rows, draft_token_ids, parents, target_logits, seed, offset,
                   with_replacement, target_stats, draft_stats, target_step, **constexprs)

@@ -101,13 +101,13 @@ def _hot_slot(hot, first, count, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _residual_chunk_again(res_masses, p_masses, k, row_p, row_q, w_row, first, vocab, p_args,
-                          q_args, CHUNK: tl.constexpr, P_STEP: tl.constexpr, p_step):
+def _residual_chunk_again(res_masses, p_masses, k, row_p, row_q, w_row, first, vocab,
+                          CHUNK: tl.constexpr, P_LOGITS: tl.constexpr, p_peak, p_coef, p_limit,
+                          p_scale, p_hot, Q_LOGITS: tl.constexpr, q_peak, q_coef, q_limit,
+                          q_scale, q_hot, P_STEP: tl.constexpr, p_step):
     """``masses_residual``'s masses with slot k's chunk (where k >= 0) read again, each row
-    one-hot where greedy."""
+    one-hot where greedy (the rows' statistics as ``_stats_or_none`` gives them)."""
     if k >= 0:
-        P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot = p_args
-        Q_LOGITS, q_peak, q_coef, q_limit, q_scale, q_hot = q_args
         lane = tl.arange(0, CHUNK)
         slot = tl.arange(0, res_masses.shape[0])
         offset = (first + k) * CHUNK
@@ -193,16 +193,20 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
     whole = _whole_chunks(first, count, vocab, CHUNK)
     offset = first * CHUNK
     in_range = lane < tl.where(whole > 0, CHUNK, 0)
-    p_next = widen(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT))
-    q_next = widen(tl.load(row_q + offset + lane, mask=in_range, other=ABSENT))
+    p_ptr = row_p + offset
+    q_ptr = row_q + offset
+    p_next = widen(tl.load(p_ptr + lane, mask=in_range, other=ABSENT))
+    q_next = widen(tl.load(q_ptr + lane, mask=in_range, other=ABSENT))
     for i in range(whole - 1):
         res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
                                   q_next, offset, lane, w_row, P_LOGITS != 0, p_peak, p_coef,
                                   p_limit, p_scale, p_hot, Q_LOGITS != 0, q_peak, q_coef,
                                   q_limit, q_scale, q_hot)
         offset += CHUNK
-        p_next = widen(tl.load(row_p + offset + lane))
-        q_next = widen(tl.load(row_q + offset + lane))
+        p_ptr += CHUNK
+        q_ptr += CHUNK
+        p_next = widen(tl.load(p_ptr + lane))
+        q_next = widen(tl.load(q_ptr + lane))
         res_mass, p_mass = tl.split(tl.sum(tl.join(res, p), axis=0))
         res_masses = tl.where(slot == i, res_mass, res_masses)
         p_masses = tl.where(slot == i, p_mass, p_masses)
@@ -225,16 +229,16 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
         res_masses = tl.where(slot == whole, tl.sum(res, axis=0), res_masses)
         p_masses = tl.where(slot == whole, tl.sum(p, axis=0), p_masses)
     # Greedy rows: the chunk of each one's token again, both rows one-hot.
-    p_args = (P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot)
-    q_args = (Q_LOGITS, q_peak, q_coef, q_limit, q_scale, q_hot)
     if P_LOGITS == ONE_HOT:
         res_masses, p_masses = _residual_chunk_again(
             res_masses, p_masses, _hot_slot(p_hot, first, count, CHUNK), row_p, row_q, w_row,
-            first, vocab, p_args, q_args, CHUNK, P_STEP, p_step)
+            first, vocab, CHUNK, P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot, Q_LOGITS,
+            q_peak, q_coef, q_limit, q_scale, q_hot, P_STEP, p_step)
     if Q_LOGITS == ONE_HOT:
         res_masses, p_masses = _residual_chunk_again(
             res_masses, p_masses, _hot_slot(q_hot, first, count, CHUNK), row_p, row_q, w_row,
-            first, vocab, p_args, q_args, CHUNK, P_STEP, p_step)
+            first, vocab, CHUNK, P_LOGITS, p_peak, p_coef, p_limit, p_scale, p_hot, Q_LOGITS,
+            q_peak, q_coef, q_limit, q_scale, q_hot, P_STEP, p_step)
     return res_masses, p_masses
 
 
