@@ -70,9 +70,10 @@ def test_triton_backend_serves_the_op_from_probabilities_and_logits(monkeypatch)
     import specops.tree.launch as launch
 
     q, d, par, p = tree_inputs(3, 6, 40, parents=full_tree(2, 2), seed=4)
-    called = []
-    real = launch.tree_traversal_triton
-    monkeypatch.setattr(launch, "tree_traversal_triton", lambda *a: called.append(1) or real(*a))
+    launched = []  # the kernel of each launch
+    real = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda kernel, *a, **k: launched.append(kernel.fn)
+                        or real(kernel, *a, **k))
     calls = (lambda: specops.tree_speculative_sampling(q, d, par, p, seed=3,
                                                        verification="traversal"),
              lambda: specops.tree_speculative_sampling_from_logits(
@@ -83,4 +84,4 @@ def test_triton_backend_serves_the_op_from_probabilities_and_logits(monkeypatch)
         out = call()
         monkeypatch.setenv("SPECOPS_BACKEND", "torch")
         assert all(torch.equal(a, b) for a, b in zip(out, call()))
-    assert len(called) == 2
+    assert launched == [launch.tree_traversal_kernel] * 2

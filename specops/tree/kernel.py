@@ -48,6 +48,23 @@ def tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k, stri
 
 
 @triton.jit
+def request_tree(b, num_nodes, vocab, target_ptr, draft_ptr, stride_tb, stride_tn, stride_db,
+                 stride_dn, target_stats_ptr, draft_stats_ptr, paths_ptr, stride_path_b,
+                 stride_path_k, stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
+                 penalties_ptr, penalty_stride, STEP: tl.constexpr):
+    """Request b's ``tree`` and ``step`` (``node_rows``' arguments), from the tree kernels'."""
+    tree = (target_ptr + b * stride_tb, draft_ptr + b * stride_db, stride_tn, stride_dn,
+            target_stats_ptr + b * (num_nodes + 1) * STATS,
+            draft_stats_ptr + b * (num_nodes + 1) * STATS)
+    step = 0
+    if STEP:
+        step = tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k,
+                         stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
+                         penalties_ptr, penalty_stride, STEP)
+    return tree, step
+
+
+@triton.jit
 def node_rows(tree, step, node, vocab, STEP: tl.constexpr):
     """Node ``node``'s rows (0: the root) of a request's ``tree`` = (target row 0, draft row 0,
     their node strides, target statistics 0, draft statistics 0) and ``step`` (``tree_step``; 0
@@ -210,14 +227,10 @@ def tree_speculative_sampling_kernel(
     lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
                                               stride_ib, stride_in, stride_pb, stride_pn,
                                               BLOCK_M)
-    tree = (target_ptr + b * stride_tb, draft_ptr + b * stride_db, stride_tn, stride_dn,
-            target_stats_ptr + b * (num_nodes + 1) * STATS,
-            draft_stats_ptr + b * (num_nodes + 1) * STATS)
-    step = 0
-    if STEP:
-        step = tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k,
-                         stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
-                         penalties_ptr, penalty_stride, STEP)
+    tree, step = request_tree(b, num_nodes, vocab, target_ptr, draft_ptr, stride_tb, stride_tn,
+                              stride_db, stride_dn, target_stats_ptr, draft_stats_ptr, paths_ptr,
+                              stride_path_b, stride_path_k, stride_path_n, bias_ptr, bitmask_ptr,
+                              counts_ptr, prompt_ptr, penalties_ptr, penalty_stride, STEP)
 
     # The path is written as the walk takes it, the rest of the rows once it has stopped: every
     # output element has one store.

@@ -20,9 +20,8 @@ import triton
 import triton.language as tl
 
 from ..core.sampling.philox import philox_uniform
-from ..core.sampling.values_triton import STATS
 from .kernel import (node_rows, node_token, node_values, p_pass, pick, read_nodes, request_keys,
-                     residual_pass, tree_step)
+                     request_tree, residual_pass)
 
 HAS_DRAFT = tl.constexpr(True)  # a traversal always reads the draft's rows
 
@@ -70,14 +69,10 @@ def tree_traversal_kernel(
     lane, is_node, token, parent = read_nodes(b, ids_ptr, parents_ptr, num_nodes, vocab,
                                               stride_ib, stride_in, stride_pb, stride_pn,
                                               BLOCK_M)
-    tree = (target_ptr + b * stride_tb, draft_ptr + b * stride_db, stride_tn, stride_dn,
-            target_stats_ptr + b * (num_nodes + 1) * STATS,
-            draft_stats_ptr + b * (num_nodes + 1) * STATS)
-    step = 0
-    if STEP:
-        step = tree_step(b, num_nodes, vocab, paths_ptr, stride_path_b, stride_path_k,
-                         stride_path_n, bias_ptr, bitmask_ptr, counts_ptr, prompt_ptr,
-                         penalties_ptr, penalty_stride, STEP)
+    tree, step = request_tree(b, num_nodes, vocab, target_ptr, draft_ptr, stride_tb, stride_tn,
+                              stride_db, stride_dn, target_stats_ptr, draft_stats_ptr, paths_ptr,
+                              stride_path_b, stride_path_k, stride_path_n, bias_ptr, bitmask_ptr,
+                              counts_ptr, prompt_ptr, penalties_ptr, penalty_stride, STEP)
 
     # Every node's state (traversal_reference.Nodes), lane n for node n, and its residual race's best
     # (key, chunk) from its last rejection.

@@ -193,20 +193,16 @@ def masses_residual(row_p, row_q, w_row, first, count, vocab, GROUP: tl.constexp
     whole = _whole_chunks(first, count, vocab, CHUNK)
     offset = first * CHUNK
     in_range = lane < tl.where(whole > 0, CHUNK, 0)
-    p_ptr = row_p + offset
-    q_ptr = row_q + offset
-    p_next = widen(tl.load(p_ptr + lane, mask=in_range, other=ABSENT))
-    q_next = widen(tl.load(q_ptr + lane, mask=in_range, other=ABSENT))
+    p_next = widen(tl.load(row_p + offset + lane, mask=in_range, other=ABSENT))
+    q_next = widen(tl.load(row_q + offset + lane, mask=in_range, other=ABSENT))
     for i in range(whole - 1):
         res, p = _residual_values(_read_p(p_next, offset, lane, lane < CHUNK, p_step, P_STEP),
                                   q_next, offset, lane, w_row, P_LOGITS != 0, p_peak, p_coef,
                                   p_limit, p_scale, p_hot, Q_LOGITS != 0, q_peak, q_coef,
                                   q_limit, q_scale, q_hot)
         offset += CHUNK
-        p_ptr += CHUNK
-        q_ptr += CHUNK
-        p_next = widen(tl.load(p_ptr + lane))
-        q_next = widen(tl.load(q_ptr + lane))
+        p_next = widen(tl.load(row_p + offset + lane))
+        q_next = widen(tl.load(row_q + offset + lane))
         res_mass, p_mass = tl.split(tl.sum(tl.join(res, p), axis=0))
         res_masses = tl.where(slot == i, res_mass, res_masses)
         p_masses = tl.where(slot == i, p_mass, p_masses)
