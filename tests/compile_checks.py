@@ -118,8 +118,9 @@ def assert_16_byte_row_loads(report: dict, prob: str, context) -> None:
 
 def assert_issue_bounds(budgets: list, count: int, share: float = 1.0) -> None:
     """Every one of the ``count`` budgeted row loops can stream faster than 1.25 x the H200's
-    4.8 TB/s on instruction issue alone (tests/sass.py; benchmarks/sass_budget.py prints the tables),
-    or ``share`` of that where docs/internals/kernel.md says why a loop sits at the goal."""
+    4.8 TB/s on instruction issue alone (tests/sass.py; benchmarks/sass_budget.py prints the
+    tables), or ``share`` of that where docs/internals/kernel.md says why a loop sits at the
+    goal."""
     from sass import GOAL_BYTES_PER_S
 
     assert len(budgets) == count

@@ -281,6 +281,13 @@ def test_a_trees_kernels_apply_step_0_as_they_read(monkeypatch, verification):
             assert not [shape for shape, dtype in allocations.made if shape[-1:] == (V,)]
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(written[step], plain))  # can fail
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(written[step], written[unpenalised]))
+    # No requests, with penalties: the paths of none.
+    none = Step(repetition_penalty=torch.tensor([2.0], device=DEVICE),
+                output_token_counts=step.output_token_counts[:0])
+    empty = verify(None, ids[:0], parents[:0], target[:0], draft[:0], offset, offset,
+                   torch.ones(1, device=DEVICE), *parameters("top-k")[1:], True, *(None,) * 4,
+                   *none, "vllm", verification)
+    assert [tuple(t.shape) for t in empty] == [(0, m + 1), (0, m), (0,)]
 
 
 @pytest.mark.parametrize("shape", ["chain", "random"])

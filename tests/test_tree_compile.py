@@ -1,5 +1,5 @@
-"""Ahead-of-time compilation of the tree kernel and the traversal kernel for Hopper (sm_90), reading probabilities and
-reading logits, no GPU needed (the approach of
+"""Ahead-of-time compilation of the tree kernel and the traversal kernel for Hopper (sm_90),
+reading probabilities and reading logits, no GPU needed (the approach of
 tests/test_triton_compile.py; tests/sass.py does the compiling and the reading): its
 row loops must read their rows with 16-byte loads only and stay within the instruction budget, and
 nothing may spill to local memory. Compiled in a subprocess without TRITON_INTERPRET (under the

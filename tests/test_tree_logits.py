@@ -199,17 +199,19 @@ def test_row_passes_read_greedy_rows_one_hot(temperatures):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("verification", ["token", "traversal"])
 @pytest.mark.parametrize("temperatures", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
-def test_triton_greedy_rows_are_one_hot_in_every_pass(verification, temperatures):
+def test_triton_greedy_rows_are_one_hot_in_every_pass(verification, temperatures, monkeypatch):
     """Greedy target or draft rows (temperature 0 on either side or both) read by the kernels'
     passes as one-hot rows: a residual where both argmaxes agree has no mass, so the token comes
     from the target's row; where they differ, from the residual; a child at the argmax is kept.
-    Against the reference, token for token."""
-    from specops.tree.launch import tree_speculative_sampling_from_logits_triton
+    Against the reference, token for token, the passes taking their chunks two at a time (three
+    chunks: a greedy token's chunk in either group, or in the partial last chunk)."""
+    from specops.tree import launch
     from specops.tree.op import _reference
     from specops.tree.processed import on_processed_rows
 
+    monkeypatch.setattr(launch, "GROUP", 2)
     g = torch.Generator().manual_seed(8)
-    batch, vocab, parents = 6, 1100, full_tree(2, 2)  # V > 1024: the one-hot in either chunk
+    batch, vocab, parents = 6, 2100, full_tree(2, 2)
     # Sharp rows: a residual without a greedy draft's token differs from one with it.
     target = 4 * torch.randn(batch, len(parents) + 1, vocab, generator=g)
     draft = torch.where(torch.arange(batch)[:, None, None] < 3, target,
@@ -225,7 +227,7 @@ def test_triton_greedy_rows_are_one_hot_in_every_pass(verification, temperatures
             torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1), True, draft_t,
             *(None,) * 10, "vllm", verification)
     expected = on_processed_rows(_reference)(*args)
-    got = tree_speculative_sampling_from_logits_triton(
+    got = launch.tree_speculative_sampling_from_logits_triton(
         *(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args))
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, expected))
     assert (expected[2] > 0).any() and (expected[2] < 2).any()  # drafts kept and rejected

@@ -91,8 +91,9 @@ def launch(kernel: TritonKernel, draft_probs, draft_token_ids, parents, target_p
     kernel.fn[(batch,)](
         target_probs, draft, draft_token_ids, parents, seed, offset, out_tokens, out_nodes,
         emitted, no_stats if target_stats is None else target_stats,
-        no_stats if draft_stats is None else draft_stats, *step_args, num_nodes, vocab, stride_tb, stride_tn, stride_db, stride_dn, stride_ib,
-        stride_in, stride_pb, stride_pn, seed_stride, offset_stride, int(seed.numel() != 1),
+        no_stats if draft_stats is None else draft_stats, *step_args, num_nodes, vocab, stride_tb,
+        stride_tn, stride_db, stride_dn, stride_ib, stride_in, stride_pb, stride_pn, seed_stride,
+        offset_stride, int(seed.numel() != 1),
         int(with_replacement), slots.slots_per_draw(vocab), BLOCK_M=block_m(num_nodes),
         GROUP=GROUP, CHUNK=CHUNK_SIZE, STEP=flags, **constexprs, **kernel.options)
     return out_tokens, out_nodes, emitted
@@ -132,7 +133,8 @@ def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> t
     counted = on_path[:, :, 1:] & ((ids >= 0) & (ids < vocab))[:, None, :]  # (B, M + 1, M)
     # The counted nodes first, in node order (every node's ancestors come before it).
     order = torch.where(counted, node, num_nodes).sort(dim=-1).values
-    tokens = ids.gather(1, order.clamp(max=num_nodes - 1).view(batch, -1)).view(order.shape)
+    tokens = ids.gather(1, order.clamp(max=num_nodes - 1).view(batch, rows * num_nodes))
+    tokens = tokens.view(order.shape)
     return torch.where(order < num_nodes, tokens, -1)
 
 
