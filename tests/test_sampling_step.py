@@ -428,7 +428,7 @@ def test_a_flattened_batchs_adjusted_rows_are_the_padded_batchs():
     counts and penalties, its drafts before it) against the padded batch's rows, exactly."""
     from specops.chain.from_logits_triton import adjusted_target_logits
     from specops.chain.rows import Flattened
-    from specops.varlen.layout import Padded
+    from specops.core.sampling.flattened import Padded
 
     n = [2, 0, 3, 1]
     g = torch.Generator().manual_seed(12)

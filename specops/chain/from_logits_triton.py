@@ -54,7 +54,7 @@ def adjusted_target_logits(target_logits, draft_token_ids, step: Step,
     """The target's rows after rule step 0 (``Step.adjusted``), for the callers that read
     adjusted rows rather than apply step 0 as they read them (logprobs). A flattened batch's rows
     (T + B, V) are each taken as a request of one row: its request's bias and output counts, and
-    as generated the drafts before it (request b's rows from row cu[b] + b, as varlen/layout.py
+    as generated the drafts before it (request b's rows from row cu[b] + b, as core/sampling/flattened.py
     places them; its drafts from cu[b])."""
     if flattened is None:
         return step.adjusted(target_logits,

@@ -18,7 +18,7 @@ from ..core.ops.checks import require_tensor
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from ..core.logprobs.outputs import check_request
 from .arguments import Names, check_layout, check_logits_layout
-from .layout import Padded
+from ..core.sampling.flattened import Padded
 from .logprobs import varlen_logprobs
 from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
                  varlen_chain_block_speculative_sampling_op,

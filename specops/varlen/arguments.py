@@ -18,7 +18,7 @@ from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
-from .layout import Padded
+from ..core.sampling.flattened import Padded
 
 
 class Names(NamedTuple):

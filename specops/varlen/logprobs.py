@@ -10,7 +10,7 @@ from ..chain.from_logits_triton import adjusted_target_logits
 from ..chain.rows import Flattened
 from ..core.logits.rule import Step
 from ..core.logprobs.outputs import gathered, run
-from .layout import Padded
+from ..core.sampling.flattened import Padded
 
 
 def varlen_logprobs(mode, num_top: int, target_logits, draft_token_ids, cu_num_draft_tokens,
