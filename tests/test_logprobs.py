@@ -252,6 +252,41 @@ def test_a_trees_positions_read_their_nodes_rows():
     assert_close_logprobs(top_lp, values)
 
 
+def test_a_trees_rows_count_their_paths():
+    """Position j's logprob under its node's row with every node's path counted as generated
+    (penalties), as the rows adjusted one node at a time give it."""
+    from specops.core.logits.rule import Step
+    from specops.core.logprobs.outputs import run
+    from specops.tree.logprobs import tree_logprobs
+    from specops.tree.processed import tree_generated
+
+    target, ids, bias, allowed, counts, prompt = step_inputs(seed=8)
+    parents = torch.tensor([0, 1, 1]).expand(B, N)  # 1-2 a path, 3 under 1
+    ids[:, 1] = ids[:, 0]  # node 2 repeats its parent's token
+    step = Step(bias, rule.packed_bitmask(allowed), torch.tensor([1.3]), torch.tensor([2.0]),
+                torch.tensor([0.5]), counts, prompt)
+    g = torch.Generator().manual_seed(8)
+    node_ids = torch.tensor([[1, 2, -1], [1, 3, -1], [2, -1, -1], [-1, -1, -1]]).int()
+    output = torch.where(node_ids >= 0, ids.gather(1, (node_ids.long() - 1).clamp(min=0)), -1)
+    output = torch.cat([output, torch.full((B, 1), -1)], 1)
+    output.scatter_(1, (node_ids >= 0).sum(1, keepdim=True).long(),
+                    torch.randint(0, V, (B, 1), generator=g))  # the last token
+    parameters = [torch.tensor([1.0, 0.8, 1.0, 1.5]), torch.zeros(1, dtype=torch.int64),
+                  torch.ones(1), torch.zeros(1)]  # nothing truncated: most tokens have mass
+    got = tree_logprobs("processed", 2, target, ids, parents, output.int(), node_ids, parameters,
+                        step, "vllm")
+    rows = step.adjusted(target, lambda c: tree_generated(c, ids, parents))
+    source = torch.cat([torch.zeros(B, 1, dtype=torch.int64), node_ids.long().clamp(min=0)], 1)
+    path_rows = rows[torch.arange(B)[:, None], source]
+    want = run("processed", 2, path_rows, output, parameters, "vllm")
+    has = (output >= 0)[..., None]
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], torch.where(has, want[1], -1))
+    assert torch.isfinite(got[0]).sum() >= 4 and not torch.equal(
+        got[0], run("processed", 0, target[torch.arange(B)[:, None], source], output,
+                    parameters, "vllm")[0])
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(logprobs="processd"), 'logprobs must be "processed", "raw" or None'),
     (dict(logprobs="raw", num_top_logprobs=V + 1), "num_top_logprobs must be an int in"),
@@ -279,6 +314,37 @@ def test_opcheck():
         torch.library.opcheck(token_logprobs_op, (logits.view(6, 2, V), ids, t[::2], k[::2],
                                                   p[::2], m[::2], num_top, "transformers"))
     torch.library.opcheck(row_entropy_op, (logits.view(6, 2, V), t[::2], k[::2], p[::2], m[::2]))
+    # Rule step 0: padded rows with each row's list, and a flattened batch.
+    target, ids, bias, allowed, counts, prompt = step_inputs()
+    step = (bias, rule.packed_bitmask(allowed), torch.tensor([1.3]), None, torch.tensor([0.2]),
+            counts, prompt)
+    tokens = torch.cat([ids, ids[:, :1]], 1)
+    lists = ids[:, None, :].expand(B, N + 1, N)
+    torch.library.opcheck(token_logprobs_op, (target, tokens, *PARAMETERS.values(), 2, "vllm",
+                                              lists, None, *step))
+    cu = torch.tensor([0, 3, 4, 4, 6])
+    flat_mask = rule.packed_bitmask(allowed.view(-1, V)[:10])
+    torch.library.opcheck(token_logprobs_op, (target.view(-1, V)[:10], tokens, *PARAMETERS.values(),
+                                              0, "vllm", ids.view(-1)[:6], cu, bias, flat_mask,
+                                              *step[2:]))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (dict(generated_ids=torch.zeros(B, N, dtype=torch.int64)), r"generated_ids must have shape"),
+    (dict(generated_ids=torch.zeros(B, N + 1, 2)), "generated_ids must have dtype"),
+    (dict(cu_num_draft_tokens=torch.tensor([0, 1, 2, 3, 4])), "logits must have shape"),
+    (dict(logit_bias=torch.zeros(B, V + 1)), "logit_bias must have shape"),
+    (dict(repetition_penalty=torch.ones(1)), "output_token_counts must be given"),
+])
+def test_the_ops_step_inputs_are_checked_by_name(args, fragment):
+    target, ids, *_ = step_inputs()
+    tokens = torch.cat([ids, ids[:, :1]], 1)
+    with pytest.raises((ValueError, TypeError), match=fragment):
+        token_logprobs_op(target, tokens, *PARAMETERS.values(), **args)
+    flat = dict(generated_ids=ids.view(-1)[:5], cu_num_draft_tokens=torch.tensor([0, 1, 2, 3, 5]))
+    token_logprobs_op(target.view(-1, V)[:9], tokens[:, :3], *PARAMETERS.values(), **flat)
+    with pytest.raises(ValueError, match="generated_ids must have shape"):
+        token_logprobs_op(target.view(-1, V)[:10], tokens[:, :3], *PARAMETERS.values(), **flat)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -296,7 +296,7 @@ def test_a_trees_paths_count_what_each_row_counts(shape):
     outside [0, V)), count for every row what ``tree_generated`` counts: deep chains (every
     ancestor found), random trees with ids and parents out of range (an unlinked node's own token
     not counted, its descendants' counted)."""
-    from specops.tree.launch import paths
+    from specops.tree.processed import paths
     from specops.tree.processed import tree_generated
 
     g = torch.Generator().manual_seed(6)
@@ -315,3 +315,58 @@ def test_a_trees_paths_count_what_each_row_counts(shape):
     counted = counts.long()[:, None, :].repeat(1, m + 1, 1).scatter_add(
         2, lists.clamp(0, V - 1), read.long())
     assert torch.equal(counted, tree_generated(counts, ids, parents))
+
+
+@pytest.mark.parametrize("layout", ["chain", "tree", "flattened"])
+def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
+    """The logprobs op's Triton path with rule step 0 (each row's drafts or path counted as
+    generated; a flattened batch read where its rows are) gives, bit for bit, what it gives the
+    adjusted rows written out, and the reference's values to float32 rounding; without top tokens
+    it makes no row-sized tensor."""
+    from specops.core.logprobs.launch import token_logprobs_triton
+    from specops.core.logprobs.rule import requests_rows, token_logprobs_reference
+    from specops.core.sampling.flattened import Padded
+    from specops.tree.processed import paths
+
+    target, _, ids, step = inputs(seed=6)
+    g = torch.Generator().manual_seed(6)
+    tokens = torch.randint(0, V, (B, N + 1), generator=g)
+    tokens[:, :N] = torch.where(torch.rand(B, N, generator=g) < 0.5, ids.clamp(0, V - 1),
+                                tokens[:, :N])  # drafts, where penalties move the rows
+    tokens[0, 1], tokens[2, 3] = -1, V + 3  # no token
+    params = parameters("temperature")  # a greedy request too
+    if layout == "flattened":
+        rows, flat_ids, flat_step, flat = flattened(target, ids, step)
+        lists, cu = flat_ids.to(DEVICE), flat.cu_num_draft_tokens
+        given, logits = to_device(flat_step), rows.to(DEVICE)
+        tokens = tokens[:, :max(LENGTHS) + 1]
+    else:
+        if layout == "chain":
+            lists = ids[:, None, :].expand(B, N + 1, N)
+        else:  # a tree: 1-2 a path, 3 under the root
+            lists = paths(ids, torch.tensor([[0, 1, 0]] * B), V)
+        lists, cu, given, logits = lists.to(DEVICE), None, to_device(step), target.to(DEVICE)
+    tokens = tokens.to(DEVICE)
+    adjusted = requests_rows(logits, tokens, lists, cu, *given).contiguous()
+    for num_top in (0, 3):
+        fused = token_logprobs_triton(logits, tokens, *params, num_top, "vllm", lists, cu,
+                                      *given)
+        written = token_logprobs_triton(adjusted, tokens, *params, num_top)
+        assert all(map(torch.equal, fused, written))
+        reference = token_logprobs_reference(logits, tokens, *params, num_top, "vllm", lists, cu,
+                                             *given)
+        torch.testing.assert_close(fused[0], reference[0], rtol=0, atol=2e-6)
+        assert torch.equal(fused[1], reference[1])
+    plain = token_logprobs_triton(logits if cu is None else Padded(
+        cu, lists.shape[0], tokens.shape[1] - 1).targets(logits), tokens, *params)[0]
+    assert not torch.equal(fused[0], plain)  # step 0 moved the logprobs: this test can fail
+    from specops.core.logits import rule
+
+    def refused(*args):
+        raise AssertionError("step 0 applied by torch, its adjusted rows written")
+
+    monkeypatch.setattr(rule, "adjusted_logits", refused)
+    with Allocations() as allocations:
+        fused = token_logprobs_triton(logits, tokens, *params, 0, "vllm", lists, cu, *given)
+    assert torch.equal(fused[0], written[0])
+    assert not [shape for shape, dtype in allocations.made if shape[-1:] == (V,)]

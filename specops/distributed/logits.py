@@ -149,10 +149,14 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     def kept(ids, _):
         return keep.gather(1, ids)
 
+    def logprobs_at(local):  # (R, K) ids of this shard's columns, -1: another's
+        return at_tokens(x.gather(1, local.clamp(0, shard.width - 1)), facts, local, shard.width,
+                         kept)
+
     ids = token_ids.long()
     local = torch.where((ids >= shard.start) & (ids < shard.start + shard.width),
                         ids - shard.start, -1)[:, None]
-    logprobs = all_reduce(at_tokens(x, facts, local, kept)[:, 0], dist.ReduceOp.MAX, shard.group)
+    logprobs = all_reduce(logprobs_at(local)[:, 0], dist.ReduceOp.MAX, shard.group)
     if num_top == 0:  # the same on every rank (the layout agrees on it): no gather
         empty = torch.zeros(x.shape[0], 0, device=x.device)
         return logprobs, empty.int(), empty
@@ -162,7 +166,7 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     first = torch.arange(fewer, device=x.device) == 0
     candidates = torch.where(owns_greedy & first, local_argmax.clamp(0, shard.width - 1),
                              candidates)
-    values = torch.nn.functional.pad(at_tokens(x, facts, candidates, kept), (0, num_top - fewer),
+    values = torch.nn.functional.pad(logprobs_at(candidates), (0, num_top - fewer),
                                      value=-torch.inf)
     global_ids = torch.nn.functional.pad(candidates + shard.start, (0, num_top - fewer), value=-1)
     every = all_gather(torch.stack([values.double(), global_ids.double()]), shard.group)

@@ -16,6 +16,7 @@ from ..core.sampling.race import CHUNK_SIZE
 from ..core.sampling.values_triton import ONE_HOT
 from . import slots
 from .kernel import tree_speculative_sampling_kernel
+from .processed import paths
 from .traversal_kernel import tree_traversal_kernel
 
 # Chunks whose masses a program holds at once (one float32 per thread and race at 4 warps).
@@ -105,37 +106,6 @@ def tree_traversal_triton(draft_probs, draft_token_ids, parents, target_probs, s
     ``traversal_reference.verify``, launched as the tree kernel is."""
     return launch(TRAVERSAL, draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                   with_replacement)
-
-
-def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, M + 1, max(M, 1)) int64: row n + 1 lists the tokens in [0, V) on the path from the root
-    to node n, n's own included (row 0, the root's, none), then -1: what each row counts as
-    generated (``processed.tree_generated``), as the kernels of rule step 0 read it (a list up to
-    its first id outside [0, V)). A node's path is at most n + 1 long: its ancestors come before
-    it. A fixed number of torch operations (log2 M pointer-jumping steps), no host
-    synchronisation."""
-    ids, given = draft_token_ids.long(), parents.long()
-    batch, num_nodes = ids.shape
-    device = ids.device
-    if num_nodes == 0:
-        return torch.full((batch, 1, 1), -1, dtype=torch.int64, device=device)
-    rows = num_nodes + 1
-    node = torch.arange(num_nodes, device=device)
-    # Each row's parent row, the root its own: node i (row i + 1) under row given_i in [0, i].
-    up = torch.cat([torch.zeros((batch, 1), dtype=torch.int64, device=device),
-                    torch.minimum(given.clamp(min=0), node).expand(batch, num_nodes)], dim=1)
-    # on_path[b, n, r]: row r is row n or one of its ancestors. After s steps it holds the 2^s
-    # nearest (up: the 2^s-th ancestor), all of them once 2^s >= M + 1.
-    on_path = torch.eye(rows, dtype=torch.bool, device=device).expand(batch, rows, rows)
-    for _ in range(num_nodes.bit_length()):
-        on_path = on_path | on_path.gather(1, up[:, :, None].expand(batch, rows, rows))
-        up = up.gather(1, up)
-    counted = on_path[:, :, 1:] & ((ids >= 0) & (ids < vocab))[:, None, :]  # (B, M + 1, M)
-    # The counted nodes first, in node order (every node's ancestors come before it).
-    order = torch.where(counted, node, num_nodes).sort(dim=-1).values
-    tokens = ids.gather(1, order.clamp(max=num_nodes - 1).view(batch, rows * num_nodes))
-    tokens = tokens.view(order.shape)
-    return torch.where(order < num_nodes, tokens, -1)
 
 
 def tree_speculative_sampling_from_logits_triton(

@@ -1,6 +1,6 @@
 """What a tree's verifier from logits adds to its outputs when a caller asks for logprobs
 (docs/api.md, "Logprobs"): each output position's token under the row of the node it was drawn
-at."""
+at, after rule step 0 for "processed" (each node's row counting its path as generated)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from ..core.logits.rule import Step
 from ..core.logprobs.outputs import gathered, run
-from .processed import tree_generated
+from .processed import paths
 
 
 def tree_logprobs(mode, num_top: int, target_logits, draft_token_ids, parents, output,
@@ -17,14 +17,15 @@ def tree_logprobs(mode, num_top: int, target_logits, draft_token_ids, parents, o
     j's under the row of the j-th accepted node."""
     if mode is None:
         return ()
-    if mode == "processed":
-        target_logits = step.adjusted(
-            target_logits, lambda counts: tree_generated(counts, draft_token_ids, parents))
     nodes = target_logits.shape[1]
     source = torch.cat([torch.zeros_like(output_node_ids[:, :1]), output_node_ids],
                        dim=1).long().clamp(0, nodes - 1)  # (B, M + 1): each position's row
     has = output >= 0
     slot = torch.where(has, source, nodes)  # nodes: a spare column for the padding
     tokens = output.new_full((output.shape[0], nodes + 1), -1).scatter(1, slot, output)
-    result = run(mode, num_top, target_logits, tokens[:, :nodes], parameters, order)
+    lists = None  # each node's path, which only penalties read
+    if mode == "processed" and step.penalties() is not None:
+        lists = paths(draft_token_ids, parents, target_logits.shape[-1])
+    result = run(mode, num_top, target_logits, tokens[:, :nodes], parameters, order, lists, None,
+                 step)
     return gathered(result, source, has, per_request=True)

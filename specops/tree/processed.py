@@ -49,3 +49,34 @@ def tree_generated(counts, draft_token_ids, parents) -> torch.Tensor:
         out[:, i + 1] = out[request, given[:, i].clamp(0, i)]
         out[request, i + 1, ids[:, i].clamp(0, vocab - 1)] += valid.long()  # its own token
     return out
+
+
+def paths(draft_token_ids: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, M + 1, max(M, 1)) int64: row n + 1 lists the tokens in [0, V) on the path from the root
+    to node n, n's own included (row 0, the root's, none), then -1: what each row counts as
+    generated (``processed.tree_generated``), as the kernels of rule step 0 read it (a list up to
+    its first id outside [0, V)). A node's path is at most n + 1 long: its ancestors come before
+    it. A fixed number of torch operations (log2 M pointer-jumping steps), no host
+    synchronisation."""
+    ids, given = draft_token_ids.long(), parents.long()
+    batch, num_nodes = ids.shape
+    device = ids.device
+    if num_nodes == 0:
+        return torch.full((batch, 1, 1), -1, dtype=torch.int64, device=device)
+    rows = num_nodes + 1
+    node = torch.arange(num_nodes, device=device)
+    # Each row's parent row, the root its own: node i (row i + 1) under row given_i in [0, i].
+    up = torch.cat([torch.zeros((batch, 1), dtype=torch.int64, device=device),
+                    torch.minimum(given.clamp(min=0), node).expand(batch, num_nodes)], dim=1)
+    # on_path[b, n, r]: row r is row n or one of its ancestors. After s steps it holds the 2^s
+    # nearest (up: the 2^s-th ancestor), all of them once 2^s >= M + 1.
+    on_path = torch.eye(rows, dtype=torch.bool, device=device).expand(batch, rows, rows)
+    for _ in range(num_nodes.bit_length()):
+        on_path = on_path | on_path.gather(1, up[:, :, None].expand(batch, rows, rows))
+        up = up.gather(1, up)
+    counted = on_path[:, :, 1:] & ((ids >= 0) & (ids < vocab))[:, None, :]  # (B, M + 1, M)
+    # The counted nodes first, in node order (every node's ancestors come before it).
+    order = torch.where(counted, node, num_nodes).sort(dim=-1).values
+    tokens = ids.gather(1, order.clamp(max=num_nodes - 1).view(batch, rows * num_nodes))
+    tokens = tokens.view(order.shape)
+    return torch.where(order < num_nodes, tokens, -1)

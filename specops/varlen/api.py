@@ -168,6 +168,5 @@ def chain_speculative_sampling_from_logits(
                           max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                           *parameters.values(), *adjustments, processing_order)
     return (output, accepted, emitted) + varlen_logprobs(
-        logprobs, num_top_logprobs, target_logits, draft_token_ids, cu_num_draft_tokens,
-        max_num_draft_tokens, output, list(parameters.values())[:4], adjustments,
-        processing_order)
+        logprobs, num_top_logprobs, target_logits, draft_token_ids, cu_num_draft_tokens, output,
+        list(parameters.values())[:4], adjustments, processing_order)

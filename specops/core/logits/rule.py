@@ -299,18 +299,62 @@ def generated_counts(counts: torch.Tensor, drafts: torch.Tensor, before: torch.T
     return counts.int().scatter_add(1, drafts.long().clamp(0, vocab - 1), counted)
 
 
+def listed_generated(counts: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
+    """(B, P, V) int32: row p's generated tokens, the output's counts (B, V) and the first p ids
+    of its list ``lists[b, p]`` ((B, P, K) ids; those outside [0, V), and all after the first of
+    them, not counted): a chain's row p lists its drafts, a tree node's row its path."""
+    batch, positions, length = lists.shape
+    before = torch.arange(positions, device=counts.device)[:, None] > torch.arange(
+        length, device=counts.device)
+    return generated_counts(
+        counts[:, None, :].expand(batch, positions, -1).reshape(batch * positions, -1),
+        lists.reshape(batch * positions, length),
+        before.expand(batch, positions, length).reshape(batch * positions, -1)
+    ).view(batch, positions, -1)
+
+
 def chain_generated(counts: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
     """(B, N + 1, V) int32: row j's generated tokens, the output's counts (B, V) and drafts
     0..j-1 of the request's (B, N) drafts (those before its first id outside [0, V))."""
     batch, num_draft = draft_token_ids.shape
-    rows = num_draft + 1
-    position = torch.arange(rows, device=counts.device)
-    before = position[None, :, None] > torch.arange(num_draft, device=counts.device)
-    drafts = draft_token_ids[:, None, :].expand(batch, rows, num_draft)
-    return generated_counts(counts[:, None, :].expand(batch, rows, -1).reshape(batch * rows, -1),
-                            drafts.reshape(batch * rows, num_draft),
-                            before.expand(batch, rows, num_draft).reshape(batch * rows, -1)
-                            ).view(batch, rows, -1)
+    return listed_generated(counts, draft_token_ids[:, None, :].expand(batch, num_draft + 1, -1))
+
+
+def adjusted_at(x: torch.Tensor, ids: torch.Tensor, vocab: int, step: Step,
+                words: torch.Tensor | None = None, lists: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """``adjusted_logits`` at a few tokens: float32 logits x (B, P, K) of requests' rows at ids
+    (B, P, K) in [0, V), ``words`` (B, P, K) each token's word of its row's bitmask (where a mask
+    is given), ``lists`` (B, P, L) each row's generated ids (``listed_generated``; None: none):
+    the same float32 operations on K values a row instead of V."""
+    batch, positions, k = ids.shape
+
+    def at(rows):  # a request's (B, V) tensor at the tokens
+        return rows.gather(1, ids.reshape(batch, -1)).view(ids.shape)
+
+    if step.logit_bias is not None:
+        x = x + at(step.logit_bias).float()
+    if step.allowed_token_bitmask is not None:
+        x = x.masked_fill(((words >> (ids % BITS)) & 1) == 0, -torch.inf)
+    penalties = step.penalties()
+    if penalties is None:
+        return x
+    count = at(penalties.counts).int()
+    if lists is not None:
+        length = lists.shape[-1]
+        counted = (((lists >= 0) & (lists < vocab)).int().cumprod(dim=-1).bool()
+                   & (torch.arange(positions, device=ids.device)[:, None]
+                      > torch.arange(length, device=ids.device)))
+        count = count + ((lists[:, :, None, :] == ids[..., None])
+                         & counted[:, :, None, :]).sum(dim=-1).int()
+
+    def each(value):  # a request's penalty, one row a "request" of K tokens
+        return value if value.shape[0] == 1 else value.repeat_interleave(positions)
+
+    rows = Penalties(each(penalties.repetition), each(penalties.frequency),
+                     each(penalties.presence), count,
+                     None if penalties.prompt is None else at(penalties.prompt).view(-1, k))
+    return penalized(x.view(-1, 1, k), rows, count.view(-1, 1, k)).view(ids.shape)
 
 
 def drafts_own(draft_parameters, parameters) -> tuple:

@@ -8,7 +8,7 @@ import torch
 
 from ..logits import cpu, rule
 from ..ops.backends import in_inference_mode
-from .rule import LN2
+from .rule import LN2, requests_rows
 from .tokens import GREEDY, NO_MASS, SAMPLED, RowFacts, token_logprobs
 
 
@@ -26,8 +26,9 @@ def _kept(logits, temperature, top_k, top_p, min_p, processing_order):
 
 @in_inference_mode
 def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                       processing_order="vllm"):
+                       processing_order="vllm", *step_inputs):
     """``rule.token_logprobs_reference``'s outputs."""
+    logits = requests_rows(logits, token_ids, *step_inputs)
     batch, positions, vocab = logits.shape
     params, rows, x, peak, e, keep = _kept(logits, temperature, top_k, top_p, min_p,
                                            processing_order)
@@ -38,8 +39,8 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
     facts = RowFacts(mode, peak, rule.LOG2E / t.float(), rule.kept_mass(e, keep).log()[:, None],
                      index)
     ranked = torch.where(keep, x, -torch.inf) if num_top else None
-    result = token_logprobs(rows, facts, token_ids, num_top,
-                            lambda ids, _: keep.gather(1, ids), ranked)
+    result = token_logprobs(lambda ids: rows.gather(1, ids).float(), vocab, facts, token_ids,
+                            num_top, lambda ids, _: keep.gather(1, ids), ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
 
 

@@ -11,22 +11,54 @@ from __future__ import annotations
 import torch
 
 from ..launch.launcher import TritonKernel, build_options
-from ..logits.launch import row_statistics
+from ..logits.launch import row_statistics, step_arguments
+from ..logits.rule import BITS, ORDERS, Step, adjusted_at
+from ..sampling.flattened import Padded, spans
 from ..sampling.race import CHUNK_SIZE
 from .kernel import row_entropy_kernel
-from ..logits.rule import ORDERS
+from .rule import requests_rows
 from .tokens import RowFacts, token_logprobs
 
 ENTROPY = TritonKernel(row_entropy_kernel, **build_options(4))  # a row pass, as the samplers'
 
 
 def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                          processing_order="vllm"):
-    """``rule.token_logprobs_reference``'s outputs, from the rows' statistics."""
+                          processing_order="vllm", generated_ids=None, cu_num_draft_tokens=None,
+                          *step_inputs):
+    """``rule.token_logprobs_reference``'s outputs, from the rows' statistics, rule step 0
+    applied as the statistics kernel reads the rows and, by torch, at the wanted tokens alone
+    (``rule.adjusted_at``): no adjusted row is written but for ranking the top tokens."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
-    batch, positions, vocab = logits.shape
-    stats = row_statistics(logits, temperature, top_k, top_p, min_p,
-                           min_p_last=ORDERS[processing_order])
+    batch, positions = token_ids.shape
+    vocab = logits.shape[-1]
+    device = logits.device
+    step = Step(*step_inputs)
+    cu = cu_num_draft_tokens
+    if cu is None:  # padded: request b's rows (B, P, V), row p counting its list's first p ids
+        layout, slots = None, None
+        lists = generated_ids
+        if lists is None:
+            lists = torch.full((1, 1, 1), -1, dtype=torch.int64, device=device)
+        lists = lists.expand(batch, positions, -1)
+    else:  # flattened: the padded batch's slot (b, p) reads row min(p, n_b) of request b
+        layout, most = (cu, positions, 1), positions - 1
+        padded = Padded(cu, logits.shape[0] - batch, most)
+        lists = padded.ids(generated_ids)[:, None, :].expand(batch, positions, -1)
+        n = spans(cu, logits.shape[0] - batch, most)[1]
+        slots = torch.minimum(torch.arange(positions, device=device), n[:, None])
+    target_step = None
+    if step.changes_logits():
+        if cu is None:  # at least P - 1 ids a row: the kernel reads row p's up to p
+            ids = torch.nn.functional.pad(lists, (0, max(positions - 1 - lists.shape[-1], 0)),
+                                          value=-1)
+            target_step = step_arguments(step, ids, device)
+        else:
+            target_step = step_arguments(step, generated_ids, device, max(positions - 1, 0))
+    stats = row_statistics(logits, temperature, top_k, top_p, min_p, layout,
+                           min_p_last=ORDERS[processing_order], step=target_step)
+    if slots is not None:  # each slot's row's statistics
+        stats = stats.view(batch, positions, -1).gather(
+            1, slots[..., None].expand(-1, -1, stats.shape[-1])).view(batch * positions, -1)
     mode, peak, coef, limit, scale, index = (column[:, None] for column in stats.unbind(-1))
     facts = RowFacts(mode.int(), peak.float(), coef.float(), -scale.float().double().log(),
                      index.long())
@@ -34,12 +66,27 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
     def kept(ids, x):
         return ((peak.float() - x).view(torch.int32).long() & 0xFFFFFFFF) < limit
 
-    rows = logits.reshape(batch * positions, vocab)
+    def logits_at(ids):  # (B * P, K) ids in [0, V): the rows' logits there, step 0 applied
+        ids = ids.view(batch, positions, -1)
+        if cu is None:
+            x = logits.gather(2, ids).float()
+            words = (None if step.allowed_token_bitmask is None else
+                     step.allowed_token_bitmask.gather(2, ids // BITS))
+        else:
+            rows = padded.target_rows[..., None]
+            x = logits[rows, ids].float()
+            words = (None if step.allowed_token_bitmask is None else
+                     step.allowed_token_bitmask[rows, ids // BITS])
+        if step.changes_logits():
+            x = adjusted_at(x, ids, vocab, step, words, lists)
+        return x.view(batch * positions, -1)
+
     ranked = None
-    if num_top:  # the top tokens: one topk pass over the rows, NaN and infinities as -inf
-        x = rows.float()
+    if num_top:  # the top tokens: one topk pass over (adjusted) rows, NaN and infinities as -inf
+        x = requests_rows(logits, token_ids, generated_ids, cu, *step_inputs).float()
+        x = x.reshape(batch * positions, vocab)
         ranked = torch.where(torch.isfinite(x), x, -torch.inf)
-    result = token_logprobs(rows, facts, token_ids, num_top, kept, ranked)
+    result = token_logprobs(logits_at, vocab, facts, token_ids, num_top, kept, ranked)
     return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..logits.rule import Step
 from .op import check_num_top, token_logprobs_op
 
 MODES = ("processed", "raw")
@@ -31,12 +32,16 @@ def _raw_parameters(device: torch.device) -> tuple:
             torch.ones(1, device=device), torch.zeros(1, device=device))
 
 
-def run(mode, num_top, logits, token_ids, parameters, order) -> tuple:
-    """The op on requests' rows (B, P, V) and their tokens (B, P): (logprobs,), or with num_top
-    (logprobs, top ids, top logprobs)."""
+def run(mode, num_top, logits, token_ids, parameters, order, generated_ids=None,
+        cu_num_draft_tokens=None, step: Step = Step()) -> tuple:
+    """The op on requests' rows (B, P, V) and their tokens (B, P), row p counting the first p ids
+    of its list generated_ids (B, P, K); or a flattened batch's rows (T + B, V) with
+    cu_num_draft_tokens and its drafts (T,): (logprobs,), or with num_top (logprobs, top ids, top
+    logprobs). Rule step 0 ``step`` for "processed" only."""
     if mode == "raw":
-        parameters, order = _raw_parameters(logits.device), "vllm"
-    result = token_logprobs_op(logits, token_ids, *parameters, num_top, order)
+        parameters, order, step = _raw_parameters(logits.device), "vllm", Step()
+    result = token_logprobs_op(logits, token_ids, *parameters, num_top, order, generated_ids,
+                               cu_num_draft_tokens, *step)
     return result if num_top else result[:1]
 
 

@@ -15,6 +15,8 @@ import math
 import torch
 
 from ..logits import rule
+from ..logits.rule import Step, listed_generated
+from ..sampling.flattened import Padded
 
 LN2 = math.log(2.0)
 
@@ -67,14 +69,38 @@ def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
             torch.where(has, values, -torch.inf))
 
 
+def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=None,
+                  cu_num_draft_tokens=None, *step) -> torch.Tensor:
+    """The rows (B, P, V) the op's tokens token_ids (B, P) are read under, rule step 0 (``step``:
+    ``rule.Step``'s fields) applied: the requests' rows of logits (B, P, V), row p counting as
+    generated the first p ids of its list ``generated_ids`` (B, P, K) (``listed_generated``;
+    None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened batch's rows (T + B, V)
+    as the padded batch they stand for (``Padded``, P = max_num_draft_tokens + 1), its drafts
+    ``generated_ids`` (T,), each row counting its request's drafts before it."""
+    step = Step(*step)
+    if cu_num_draft_tokens is not None:
+        batch, positions = token_ids.shape
+        padded = Padded(cu_num_draft_tokens, logits.shape[0] - batch, positions - 1)
+        logits = padded.targets(logits)
+        if step.allowed_token_bitmask is not None:
+            step = step._replace(allowed_token_bitmask=padded.targets(step.allowed_token_bitmask))
+        drafts = padded.ids(generated_ids)
+        generated_ids = drafts[:, None, :].expand(batch, positions, -1)
+    if not step.changes_logits():
+        return logits
+    return step.adjusted(logits, lambda counts: counts[:, None, :] if generated_ids is None
+                         else listed_generated(counts, generated_ids))
+
+
 def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                              temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                              min_p: torch.Tensor, num_top: int = 0,
-                             processing_order: str = "vllm"):
+                             processing_order: str = "vllm", *step_inputs):
     """The registered op's rule: the logprob of token_ids (B, P) at each of the requests' rows
-    of logits (B, P, V), each request's parameters (1 or B values) on every row of it, and the
-    num_top most likely tokens: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top)
-    float32)."""
+    (``requests_rows``: rule step 0 of ``step_inputs`` applied), each request's parameters (1 or
+    B values) on every row of it, and the num_top most likely tokens: ((B, P) float32,
+    (B, P, num_top) int32, (B, P, num_top) float32)."""
+    logits = requests_rows(logits, token_ids, *step_inputs)
     batch, positions, vocab = logits.shape
     rows = logprob_rows(logits.reshape(batch * positions, vocab),
                         *(rule.per_row(value, batch, positions)

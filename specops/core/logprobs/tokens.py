@@ -24,15 +24,13 @@ class RowFacts(NamedTuple):
     index: torch.Tensor
 
 
-def at_tokens(rows: torch.Tensor, facts: RowFacts, ids: torch.Tensor,
+def at_tokens(x: torch.Tensor, facts: RowFacts, ids: torch.Tensor, vocab: int,
               kept: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """float32 (R, K): the logprobs of tokens ids (R, K) of rows of logits (R, V); ``kept``
-    (clamped ids, their float32 logits) says which the rule keeps. -inf for an id outside
-    [0, V)."""
-    vocab = rows.shape[-1]
+    """float32 (R, K): the logprobs of tokens ids (R, K) of rows whose float32 logits at the ids
+    (clamped into [0, V)) are x (R, K); ``kept`` (clamped ids, x) says which the rule keeps. -inf
+    for an id outside [0, V)."""
     inside = (ids >= 0) & (ids < vocab)
     clamped = ids.clamp(0, vocab - 1)
-    x = rows.gather(1, clamped).float()
     log_e = ((x - facts.peak) * facts.coef).double() * LN2
     sampled = torch.where(kept(clamped, x), log_e - facts.log_mass, -torch.inf)
     greedy = torch.where(ids == facts.index, 0.0, -torch.inf).double()
@@ -41,23 +39,28 @@ def at_tokens(rows: torch.Tensor, facts: RowFacts, ids: torch.Tensor,
     return torch.where(inside, values, -torch.inf).float()
 
 
-def token_logprobs(rows, facts: RowFacts, token_ids, num_top: int, kept, ranked):
-    """(logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top)) of rows of logits
-    (R, V) and their tokens (R,). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top
-    largest are each row's most likely tokens (the kept logits come first: a row keeps its largest logits, the weights
-    growing with the logit)."""
+def token_logprobs(logits_at: Callable[[torch.Tensor], torch.Tensor], vocab: int,
+                   facts: RowFacts, token_ids, num_top: int, kept, ranked):
+    """(logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top)) of R rows and their
+    tokens (R,): ``logits_at`` maps ids (R, K) in [0, V) to the rows' float32 logits there (as the
+    rule reads them). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top largest are
+    each row's most likely tokens (the kept logits come first: a row keeps its largest logits,
+    the weights growing with the logit)."""
+    def logprobs_at(ids):
+        return at_tokens(logits_at(ids.clamp(0, vocab - 1)), facts, ids, vocab, kept)
+
     ids = token_ids.reshape(-1, 1).long()
-    logprobs = at_tokens(rows, facts, ids, kept)[:, 0]
+    logprobs = logprobs_at(ids)[:, 0]
     if not num_top:
-        empty = torch.zeros(rows.shape[0], 0, device=rows.device)
+        empty = torch.zeros(ids.shape[0], 0, device=ids.device)
         return logprobs, empty.int(), empty
     top = ranked.topk(num_top, dim=-1).indices
-    top_logprobs = at_tokens(rows, facts, top, kept)
+    top_logprobs = logprobs_at(top)
     # A greedy row's one token is its own index, whichever of equal logits topk chose.
-    first = torch.arange(num_top, device=rows.device) == 0
+    first = torch.arange(num_top, device=ids.device) == 0
     greedy = facts.mode == GREEDY
     top = torch.where(greedy & first, facts.index, top)
     top_logprobs = torch.where(greedy, torch.where(first, 0.0, -torch.inf), top_logprobs)
-    has = (top_logprobs > -torch.inf) & (ids >= 0) & (ids < rows.shape[-1])  # no token: none
+    has = (top_logprobs > -torch.inf) & (ids >= 0) & (ids < vocab)  # no token: none
     return (logprobs, torch.where(has, top, -1).int(),
             torch.where(has, top_logprobs, -torch.inf))
