@@ -29,7 +29,6 @@ from .core.logits.acceptance import check_lossy
 from .core.logprobs.outputs import check_request as check_logprobs_request
 from .tree.logprobs import tree_logprobs
 from .tree.lossy import lossy_tree
-from .tree.processed import tree_generated
 from .tree import arguments as _tree_arguments, from_logits as _tree_from_logits
 from .tree import op as _tree_op
 
@@ -389,12 +388,10 @@ def tree_speculative_sampling_from_logits(
             raise ValueError(f'verification={verification!r} takes the exact acceptance only: '
                              f'lossy acceptance ({acceptance!r}, or acceptance_rate) judges each '
                              f'path by its own rule; pass verification="token"')
-        adjusted = step.adjusted(target_logits, lambda counts: tree_generated(
-            counts, draft_token_ids, parents))
         output, nodes, emitted = lossy_tree(
             _tree_op.tree_speculative_sampling_from_logits_op, draft_token_ids, parents,
-            adjusted, seed_t, offset_t, target, processing_order, posterior_threshold,
-            posterior_alpha, acceptance_rate)
+            target_logits, seed_t, offset_t, target, processing_order, posterior_threshold,
+            posterior_alpha, acceptance_rate, step)
     else:
         output, nodes, emitted = _tree_op.tree_speculative_sampling_from_logits_op(
             draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t, offset_t,

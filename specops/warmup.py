@@ -60,9 +60,8 @@ def warmup(
     the rows): ``logit_bias`` (float32), ``allowed_token_bitmask``, ``penalties`` (any of the
     three, with int32 output_token_counts) and ``prompt_token_mask`` (with penalties only) each
     True where the loop's calls give it, False where not, or (False, True) for both; they select
-    a tree's statistics and tree kernels alike; a call asking for logprobs and lossy
-    acceptance read float32 copies of the adjusted rows instead, so include ``torch.float32`` for
-    those.  For "tree" and "traversal",
+    a tree's statistics and tree kernels alike, and the statistics logprobs and lossy acceptance
+    read.  For "tree" and "traversal",
     ``num_draft`` is the number of nodes M (the kernel is selected by next_pow2(M + 1)),
     ``ids_dtype`` and ``parents_dtype`` the dtypes of the node tokens and parents, ``logits`` True
     for ``tree_speculative_sampling_from_logits``, and ``counter_dtype`` does not apply
@@ -148,10 +147,9 @@ def warmup(
                 for programs in (1, 2):
                     launchers[mode, logit](*args, programs, **layout)
                 count += 1
-        if True in from_logits:  # typical acceptance's entropy pass (logprobs: the statistics)
-            from .core.logprobs.launch import row_entropy_triton
-            for dt in dtypes:
-                row_entropy_triton(torch.zeros(1, 1, vocab, dtype=dt, device=device), *parameters)
+        if True in from_logits:  # typical acceptance: the statistics with each row's entropy
+            count += _entropy_passes(device, vocab, dtypes, num_drafts, ids_dtypes, layouts,
+                                     steps, modes, parameters)
         # Trees: no counters; parents of their own dtype; at least one node. Target-only,
         # traversal verification launches the token rule's kernel.
         trees = [mode for mode in modes if mode in ("tree", "traversal")]
@@ -178,6 +176,42 @@ def warmup(
                                                      seed[1:], True, rule)
                 count += 1
         return count
+
+
+def _entropy_passes(device, vocab, dtypes, num_drafts, ids_dtypes, layouts, steps, modes,
+                    parameters) -> int:
+    """Load the statistics kernel with each row's entropy as lossy acceptance launches it (the
+    logprobs op, with rule step 0 as the verifiers apply it): a chain's draft rows, each counting
+    the drafts before it (padded or flattened), and a tree's rows, each counting its path."""
+    from .core.logprobs.launch import token_logprobs_triton
+    from .tree.processed import paths
+
+    count = 0
+    trees = any(mode in ("tree", "traversal") for mode in modes)
+    for dt, n, ids_dt, flat, step in itertools.product(dtypes, num_drafts, ids_dtypes,
+                                                       layouts + ((None,) if trees else ()),
+                                                       steps):
+        ids = torch.zeros(1, n, dtype=ids_dt, device=device)
+        logits = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
+        # Each layout's rows, their tokens and what they count; step 0 for rows + 1 rows.
+        if flat is None:  # a tree of n nodes: the root's row and the nodes'
+            if n == 0:
+                continue
+            layout, rows = (paths(ids, torch.zeros_like(ids), vocab), None), n
+            tokens = torch.zeros(1, n + 1, n, dtype=ids_dt, device=device)
+        elif flat:  # the target's rows, stacked
+            logits, rows = logits[0], n
+            layout = (ids[0], torch.tensor([0, n], dtype=ids_dt, device=device))
+            tokens = torch.zeros(1, n + 1, dtype=ids_dt, device=device)
+        else:  # the draft rows
+            if n == 0:
+                continue
+            logits, rows = logits[:, :n], n - 1
+            layout, tokens = (ids[:, None, :].expand(1, n, n), None), ids
+        token_logprobs_triton(logits, tokens, *parameters, 0, "vllm", True, *layout,
+                              *_step(device, vocab, rows, bool(flat), *step))
+        count += 1
+    return count
 
 
 def _step(device: torch.device, vocab: int, num_draft: int, flat: bool, bias: bool, mask: bool,

@@ -396,28 +396,19 @@ COMPILERS = {"chain": compile_main, "block": compile_block_row_pass, "tree": com
              "traversal": compile_traversal}
 
 
-def compile_statistics(prob, varlen=False, step=0):
+def compile_statistics(prob, varlen=False, step=0, entropy=False):
     """The row statistics kernel (verification from logits' first stage) as its launcher
-    specialises it (``varlen``: a flattened batch's rows; ``step``: rule step 0's flags)."""
+    specialises it (``varlen``: a flattened batch's rows; ``step``: rule step 0's flags;
+    ``entropy``: each row's entropy too, as the logprobs op asks for typical acceptance)."""
     from specops.core.logits.launch import statistics_kernel
     from specops.core.logits.triton import row_statistics_kernel
 
     types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "temperature_ptr": "*fp32",
              "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "cu_ptr": "*i64",
-             "ids_ptr": "*i64", **STEP_TYPES}
+             "ids_ptr": "*i64", "entropy_ptr": "*fp32" if entropy else "*fp64", **STEP_TYPES}
     return compile_for_hopper(row_statistics_kernel, types,
-                              {"CHUNK": CHUNK, "VARLEN": varlen, "STEP": step}, True,
-                              statistics_kernel(step).options)
-
-
-def compile_row_entropy(prob):
-    """The entropy pass typical acceptance reads (core/logprobs/kernel.py) as its launcher
-    specialises it."""
-    from specops.core.logprobs.kernel import row_entropy_kernel
-    from specops.core.logprobs.launch import ENTROPY
-
-    types = {"logits_ptr": "*" + prob, "stats_ptr": "*fp64", "out_ptr": "*fp32"}
-    return compile_for_hopper(row_entropy_kernel, types, {"CHUNK": CHUNK}, True, ENTROPY.options)
+                              {"CHUNK": CHUNK, "VARLEN": varlen, "STEP": step,
+                               "ENTROPY": entropy}, True, statistics_kernel(step).options)
 
 
 def statistics_budget(prob: str, kernel=None, label: str = "", step_inputs: tuple = ()

@@ -12,10 +12,9 @@ import torch
 import specops
 import specops.varlen
 from specops.core.logits import rule
-from specops.core.logprobs.launch import row_entropy_triton, token_logprobs_triton
-from specops.core.logprobs.op import row_entropy_op, token_logprobs_op
-from specops.core.logprobs.rule import (logprob_rows, row_entropy_reference,
-                                       token_logprobs_reference)
+from specops.core.logprobs.launch import token_logprobs_triton
+from specops.core.logprobs.op import token_logprobs_op
+from specops.core.logprobs.rule import logprob_rows, token_logprobs_reference
 
 B, N, V = 4, 3, 70
 PARAMETERS = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.2]), top_k=torch.tensor([0, 0, 5, 0]),
@@ -78,7 +77,7 @@ def test_the_op_gives_each_tokens_logprob_and_the_top_tokens(order):
     ids = torch.randint(0, V, (6, 2), generator=torch.Generator().manual_seed(1))
     ids[:, 0] = logits[:, 0].argmax(dim=-1)  # kept in every row
     ids[5, 1] = -1  # no token: -inf, and no top tokens
-    lp, top_ids, top_lp = token_logprobs_op(logits, ids, *params, 6, order)
+    lp, top_ids, top_lp, _ = token_logprobs_op(logits, ids, *params, 6, order)
     rows = expected_rows(logits.view(12, V), *(rule.per_row(v, 6, 2) for v in params),
                          min_p_last=order == "transformers").view(6, 2, V)
     inside = (ids >= 0)
@@ -93,7 +92,12 @@ def test_the_op_gives_each_tokens_logprob_and_the_top_tokens(order):
     assert (top_ids[0, :, 1:] == -1).all() and (top_ids[1, :, 5:] == -1).all()
     # The CPU backend's kept tokens are the reference's: the same values, bit for bit.
     reference = token_logprobs_reference(logits, ids, *params, 6, order)
-    assert all(map(torch.equal, (lp, top_ids, top_lp), reference))
+    assert all(map(torch.equal, (lp, top_ids, top_lp), reference[:3]))
+    # Several tokens a row: each the logprob it has alone.
+    several = torch.stack([ids, logits.argmax(dim=-1), torch.full_like(ids, V)], dim=-1)
+    lp3, top3 = token_logprobs_op(logits, several, *params, 6, order)[:2]
+    assert torch.equal(lp3[..., 0], lp) and torch.equal(lp3[..., 2], torch.full_like(lp, -torch.inf))
+    assert torch.equal(top3[:5], top_ids[:5])
 
 
 @pytest.mark.interpreter
@@ -121,18 +125,21 @@ def entropy_by_hand(logits, params, min_p_last=False):
 def test_the_entropy_op_gives_each_processed_rows_entropy(order):
     logits, params = rows_inputs(seed=7)
     logits[3] = -torch.inf  # no mass: 0, as a greedy row's
-    got = row_entropy_op(logits[:, None], *params, order)[:, 0]
+    ids = torch.zeros(12, 1, dtype=torch.int64)
+    got = token_logprobs_op(logits[:, None], ids, *params, 0, order, True)[3][:, 0]
     want = entropy_by_hand(logits, params, order == "transformers")
     assert (got.double() - want).abs().max() < 1e-5 and got[0] == 0 and got[3] == 0
-    reference = row_entropy_reference(logits[:, None], *params, order)[:, 0]
+    reference = token_logprobs_reference(logits[:, None], ids, *params, 0, order, True)[3][:, 0]
     assert (got - reference).abs().max() < 1e-6
+    assert token_logprobs_op(logits[:, None], ids, *params)[3].shape == (12, 0)  # not asked
 
 
 @pytest.mark.interpreter
 def test_triton_entropy_matches_the_reference():
     logits, params = rows_inputs(seed=8, rows=6, vocab=300)
     logits[1, 7] = torch.nan
-    got = row_entropy_triton(logits[:, None], *params)[:, 0]
+    ids = torch.zeros(6, 1, dtype=torch.int64)
+    got = token_logprobs_triton(logits[:, None], ids, *params, 0, "vllm", True)[3][:, 0]
     assert (got.double() - entropy_by_hand(logits, params)).abs().max() < 1e-5
 
 
@@ -313,7 +320,8 @@ def test_opcheck():
     for num_top in (0, 3):
         torch.library.opcheck(token_logprobs_op, (logits.view(6, 2, V), ids, t[::2], k[::2],
                                                   p[::2], m[::2], num_top, "transformers"))
-    torch.library.opcheck(row_entropy_op, (logits.view(6, 2, V), t[::2], k[::2], p[::2], m[::2]))
+    torch.library.opcheck(token_logprobs_op, (logits.view(6, 2, V), ids, t[::2], k[::2],
+                                              p[::2], m[::2], 0, "vllm", True))
     # Rule step 0: padded rows with each row's list, and a flattened batch.
     target, ids, bias, allowed, counts, prompt = step_inputs()
     step = (bias, rule.packed_bitmask(allowed), torch.tensor([1.3]), None, torch.tensor([0.2]),
@@ -321,11 +329,12 @@ def test_opcheck():
     tokens = torch.cat([ids, ids[:, :1]], 1)
     lists = ids[:, None, :].expand(B, N + 1, N)
     torch.library.opcheck(token_logprobs_op, (target, tokens, *PARAMETERS.values(), 2, "vllm",
-                                              lists, None, *step))
+                                              True, lists, None, *step))
     cu = torch.tensor([0, 3, 4, 4, 6])
     flat_mask = rule.packed_bitmask(allowed.view(-1, V)[:10])
     torch.library.opcheck(token_logprobs_op, (target.view(-1, V)[:10], tokens, *PARAMETERS.values(),
-                                              0, "vllm", ids.view(-1)[:6], cu, bias, flat_mask,
+                                              0, "vllm", False, ids.view(-1)[:6], cu, bias,
+                                              flat_mask,
                                               *step[2:]))
 
 

@@ -300,3 +300,95 @@ def test_tree_triton_path_gives_the_torch_paths_tokens(monkeypatch):
     monkeypatch.setenv("SPECOPS_BACKEND", "triton")
     got = specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, **args)
     assert all(map(torch.equal, got, want))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rule step 0, applied as the rows are read
+
+def step_for(logits, ids, seed):
+    """Every part of rule step 0 for requests' rows (B, rows, V), strong enough to move the
+    rows: a bias, a mask that allows the drafts, penalties and a prompt mask."""
+    g = torch.Generator().manual_seed(seed)
+    batch, rows, vocab = logits.shape
+    allowed = torch.rand(batch, rows, vocab, generator=g) < 0.7
+    allowed.scatter_(2, ids.clamp(0, vocab - 1)[:, None, :].expand(batch, rows, -1), True)
+    return dict(logit_bias=torch.randn(batch, vocab, generator=g),
+                allowed_token_bitmask=rule.packed_bitmask(allowed), repetition_penalty=1.5,
+                frequency_penalty=torch.full((batch,), 8.0), presence_penalty=0.3,
+                output_token_counts=torch.randint(0, 2, (batch, vocab), generator=g).int(),
+                prompt_token_mask=torch.rand(batch, vocab, generator=g) < 0.1)
+
+
+def adjusted(logits, kwargs, generated):
+    step = rule.Step(kwargs["logit_bias"], kwargs["allowed_token_bitmask"],
+                     *(torch.tensor([v]) if isinstance(v, float) else v for v in (
+                         kwargs["repetition_penalty"], kwargs["frequency_penalty"],
+                         kwargs["presence_penalty"])),
+                     kwargs["output_token_counts"], kwargs["prompt_token_mask"])
+    return step.adjusted(logits, generated)
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("layout", ["chain", "flattened", "tree"])
+def test_step_0_is_applied_as_the_rows_are_read(layout, backend, monkeypatch):
+    """Seed for seed, lossy acceptance with rule step 0 (each row counting the drafts or the
+    path before it) gives the tokens it gives the adjusted rows written out; on a GPU (Triton)
+    no adjusted row is written, only the last token's row a request."""
+    from specops.tree.processed import tree_generated
+
+    batch, vocab = 3, 300
+    args = dict(seed=torch.arange(batch), acceptance="typical", posterior_alpha=0.9,
+                temperature=torch.tensor([0.8, 1.0, 0.0]))
+    # A draft repeats the one before it on its path, its row's favourite unless the penalties
+    # count that one: kept if they do not, and then the row's argmax another token.
+    if layout == "tree":
+        logits, ids, parents = tree_inputs(seed=11, batch=batch, vocab=vocab)
+        ids[:, 2] = ids[:, 0]  # node 2, under node 0
+        logits[torch.arange(batch), 1, ids[:, 0]] += 10.0
+        kwargs = step_for(logits, ids, seed=11)
+        rows = adjusted(logits, kwargs, lambda c: tree_generated(c, ids, parents))
+
+        def call(logits, **step):
+            return specops.tree_speculative_sampling_from_logits(None, ids, parents, logits,
+                                                                 **args, **step)
+    else:
+        logits, ids = inputs(seed=12, batch=batch, vocab=vocab)
+        ids[:, 1] = ids[:, 0]
+        logits[torch.arange(batch), 1, ids[:, 0]] += 10.0
+        kwargs = step_for(logits, ids, seed=12)
+        rows = adjusted(logits, kwargs, lambda c: rule.chain_generated(c, ids))
+
+        def call(logits, **step):
+            if layout == "chain":
+                return specops.chain_speculative_sampling_from_logits(None, ids, logits, **args,
+                                                                      **step)
+            return specops.varlen.chain_speculative_sampling_from_logits(
+                None, flat_ids, logits, cu, N, **args, **step)
+    if layout != "flattened":
+        want = call(rows)
+    else:  # the drafts before each request's first -1, flattened
+        n = (ids >= 0).sum(-1)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), n.cumsum(0)])
+        flat_ids = torch.cat([ids[b, :n[b]] for b in range(batch)])
+
+        def flattened(rows):
+            return torch.cat([rows[b, :n[b] + 1] for b in range(batch)])
+
+        want = specops.chain_speculative_sampling_from_logits(None, ids, rows, **args)
+        logits = flattened(logits)
+        kwargs["allowed_token_bitmask"] = flattened(kwargs["allowed_token_bitmask"])
+    plain = call(logits)
+    if backend == "triton":
+        monkeypatch.setenv("SPECOPS_BACKEND", "triton")
+        monkeypatch.setattr(rule, "adjusted_logits", lambda *a: pytest.fail("rows adjusted"))
+    from inputs import Allocations  # tests/inputs.py
+
+    with Allocations() as allocations:
+        got = call(logits, **kwargs)
+    assert all(map(torch.equal, got, want))
+    assert any(not torch.equal(a, b) for a, b in zip(got, plain))  # step 0 moved the tokens
+    if backend == "triton":  # (B, 1 or 2, V): the last token's row, as the exact op reads it;
+        # (B, V): its counts, the drafts before it counted
+        rows_made = [shape for shape, _ in allocations.made if shape[-1:] == (vocab,)]
+        assert all(shape[:-1] in ((batch,), (batch, 1), (batch, 2)) for shape in rows_made), \
+            rows_made

@@ -319,7 +319,7 @@ def test_a_trees_paths_count_what_each_row_counts(shape):
 
 @pytest.mark.parametrize("layout", ["chain", "tree", "flattened"])
 def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
-    """The logprobs op's Triton path with rule step 0 (each row's drafts or path counted as
+    """The logprobs op's Triton path (and each row's entropy) with rule step 0 (each row's drafts or path counted as
     generated; a flattened batch read where its rows are) gives, bit for bit, what it gives the
     adjusted rows written out, and the reference's values to float32 rounding; without top tokens
     it makes no row-sized tensor."""
@@ -349,14 +349,15 @@ def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
     tokens = tokens.to(DEVICE)
     adjusted = requests_rows(logits, tokens, lists, cu, *given).contiguous()
     for num_top in (0, 3):
-        fused = token_logprobs_triton(logits, tokens, *params, num_top, "vllm", lists, cu,
+        fused = token_logprobs_triton(logits, tokens, *params, num_top, "vllm", True, lists, cu,
                                       *given)
-        written = token_logprobs_triton(adjusted, tokens, *params, num_top)
+        written = token_logprobs_triton(adjusted, tokens, *params, num_top, "vllm", True)
         assert all(map(torch.equal, fused, written))
-        reference = token_logprobs_reference(logits, tokens, *params, num_top, "vllm", lists, cu,
-                                             *given)
+        reference = token_logprobs_reference(logits, tokens, *params, num_top, "vllm", True,
+                                             lists, cu, *given)
         torch.testing.assert_close(fused[0], reference[0], rtol=0, atol=2e-6)
         assert torch.equal(fused[1], reference[1])
+        torch.testing.assert_close(fused[3], reference[3], rtol=0, atol=1e-5)
     plain = token_logprobs_triton(logits if cu is None else Padded(
         cu, lists.shape[0], tokens.shape[1] - 1).targets(logits), tokens, *params)[0]
     assert not torch.equal(fused[0], plain)  # step 0 moved the logprobs: this test can fail
@@ -367,6 +368,7 @@ def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
 
     monkeypatch.setattr(rule, "adjusted_logits", refused)
     with Allocations() as allocations:
-        fused = token_logprobs_triton(logits, tokens, *params, 0, "vllm", lists, cu, *given)
-    assert torch.equal(fused[0], written[0])
+        fused = token_logprobs_triton(logits, tokens, *params, 0, "vllm", True, lists, cu,
+                                      *given)
+    assert torch.equal(fused[0], written[0]) and torch.equal(fused[3], written[3])
     assert not [shape for shape, dtype in allocations.made if shape[-1:] == (V,)]

@@ -116,7 +116,7 @@ for prob in json.loads(sys.argv[1]):
     found = sass.compile_report(kernel)
     found["budget"] = sass.statistics_budget(prob, kernel)
     out[prob] = found
-    out[prob + " entropy"] = sass.compile_report(sass.compile_row_entropy(prob))
+    out[prob + " entropy"] = sass.compile_report(sass.compile_statistics(prob, entropy=True))
     out[prob + " flattened"] = sass.compile_report(sass.compile_statistics(prob, varlen=True))
 print(json.dumps(out))
 '''

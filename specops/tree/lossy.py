@@ -6,34 +6,45 @@ one token from that node's row: its argmax where the node has children (all reje
 typical acceptance, a draw from the row otherwise. The tokens do NOT follow the target's
 distribution.
 
-Composed of registered ops (logprobs, entropy, and the exact tree op on one row a request for
-the last token) and torch operations on (B, M) values; the children's parent rows are gathered
-for the logprobs op (one row a node)."""
+Composed of registered ops (the logprobs op, each row's children and entropy at once, and the
+exact tree op on one row a request for the last token) and torch operations on (B, M) values;
+rule step 0 is applied as those ops read the logits (each node's row counting its path), so the
+rows written are that one row a request."""
 
 from __future__ import annotations
 
 import torch
 
 from ..core.logits.acceptance import rate_passes, typical_passes
-from ..core.logprobs.op import row_entropy_op, token_logprobs_op
+from ..core.logits.rule import Step, generated_counts
+from ..core.logprobs.op import token_logprobs_op
+from .processed import paths
 
 
 def lossy_tree(exact_op, draft_token_ids, parents, logits, seed, offset, parameters, order,
-               posterior_threshold=None, posterior_alpha=None, acceptance_rate=None):
+               posterior_threshold=None, posterior_alpha=None, acceptance_rate=None,
+               step: Step = Step()):
     """(output_token_ids (B, M + 1), output_node_ids (B, M), emitted (B,)), int32, as the tree
-    op's, of rows of logits (B, M + 1, V) already adjusted by rule step 0. ``exact_op``: the
-    tree's exact from-logits op, which draws the last token."""
+    op's, of rows of logits (B, M + 1, V), rule step 0 ``step`` applied as they are read.
+    ``exact_op``: the tree's exact from-logits op, which draws the last token."""
     batch, rows, vocab = logits.shape
     nodes = rows - 1
     ids, given = draft_token_ids.long(), parents.long()
     index = torch.arange(nodes, device=logits.device)
     linked = (ids >= 0) & (ids < vocab) & (given >= 0) & (given <= index)
     parent = torch.where(linked, given, 0)
+    lists = None  # each node's path, which only penalties read
+    if step.penalties() is not None:
+        lists = paths(ids, given, vocab)
     if acceptance_rate is None:
-        parent_rows = logits.gather(1, parent[..., None].expand(batch, nodes, vocab))
-        logprobs = token_logprobs_op(parent_rows, torch.where(linked, ids, -1), *parameters, 0,
-                                     order)[0]
-        entropy = row_entropy_op(logits, *parameters, order).gather(1, parent)
+        # Row p's tokens: column i holds node i's where p is its parent (-1 elsewhere).
+        row = torch.arange(rows, device=logits.device)[:, None]
+        children = torch.where(linked[:, None, :] & (parent[:, None, :] == row), ids[:, None, :],
+                               -1)
+        logprobs, _, _, entropy = token_logprobs_op(logits, children, *parameters, 0, order,
+                                                    True, lists, None, *step)
+        logprobs = logprobs.gather(1, parent[:, None, :])[:, 0]  # node i's under its parent
+        entropy = entropy.gather(1, parent)
         passes = typical_passes(logprobs, entropy, posterior_threshold, posterior_alpha)
     else:
         passes = rate_passes(seed, offset, batch, vocab, nodes, acceptance_rate)
@@ -61,11 +72,19 @@ def lossy_tree(exact_op, draft_token_ids, parents, logits, seed, offset, paramet
     temperature = parameters[0].expand(batch)
     if acceptance_rate is None:
         temperature = torch.where(has_children, torch.zeros_like(temperature), temperature)
-    last_rows = logits[request, best][:, None].expand(batch, 2, vocab).contiguous()  # 2 nodes
+    # A tree of one absent node: the root's row is the deepest node's, its path counted.
+    last_rows = logits[request, best][:, None].expand(batch, 2, vocab).contiguous()
+    bitmask, counts = step.allowed_token_bitmask, step.output_token_counts
+    if bitmask is not None:
+        bitmask = bitmask[request, best][:, None].expand(batch, 2, -1).contiguous()
+    if lists is not None:
+        row_path = lists[request, best]
+        counts = generated_counts(counts, row_path, torch.ones_like(row_path, dtype=torch.bool))
+    last_step = step._replace(allowed_token_bitmask=bitmask, output_token_counts=counts)
     absent = torch.full((batch, 1), -1, dtype=torch.int64, device=logits.device)
     last = exact_op(None, absent, torch.zeros_like(absent), last_rows, None, seed, offset,
-                    temperature, *parameters[1:], True, None, None, None, None, None, None, None,
-                    None, None, None, None, order)[0][:, 0]
+                    temperature, *parameters[1:], True, None, None, None, None, *last_step,
+                    order)[0][:, 0]
     position = torch.arange(rows, device=logits.device)
     padded = torch.cat([tokens, absent], dim=1)
     output = torch.where(position < length[:, None], padded,

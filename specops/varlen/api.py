@@ -18,7 +18,6 @@ from ..core.ops.checks import require_tensor
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from ..core.logprobs.outputs import check_request
 from .arguments import Names, check_layout, check_logits_layout
-from ..core.sampling.flattened import Padded
 from .logprobs import varlen_logprobs
 from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
                  varlen_chain_block_speculative_sampling_op,
@@ -133,7 +132,7 @@ def chain_speculative_sampling_from_logits(
     ``chain_speculative_sampling`` above (``target_logits`` (T + B, V), ``draft_logits`` (T, V)),
     each request's sampling parameters (1 or B values) applied to its rows; request b gets exactly
     the tokens, counts and logprobs (B, max + 1, where asked for) the padded function gives it,
-    lossy acceptance included (which reads a padded copy of the rows)."""
+    lossy acceptance included."""
     device, accepted, emitted = _opening(verification, target_logits, "target_logits",
                                          cu_num_draft_tokens, maybe_output_accepted_token_num,
                                          maybe_output_emitted_draft_token_num)
@@ -151,16 +150,12 @@ def chain_speculative_sampling_from_logits(
                         verification)
     if not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
-    if lossy:  # on the padded batch the layout stands for
-        padded = Padded(cu_num_draft_tokens, draft_token_ids.shape[0], max_num_draft_tokens)
-        mask = adjustments.allowed_token_bitmask
+    if lossy:  # as the padded batch the layout stands for, read where the rows are
         output = lossy_chain(
-            chain_speculative_sampling_from_logits_op, padded.ids(draft_token_ids),
-            padded.targets(target_logits), accepted, emitted, seed_t, offset_t,
-            list(parameters.values())[:4],
-            adjustments._replace(allowed_token_bitmask=None if mask is None
-                                 else padded.targets(mask)),
-            processing_order, posterior_threshold, posterior_alpha, acceptance_rate)
+            chain_speculative_sampling_from_logits_op, draft_token_ids, target_logits, accepted,
+            emitted, seed_t, offset_t, list(parameters.values())[:4], adjustments,
+            processing_order, posterior_threshold, posterior_alpha, acceptance_rate,
+            cu_num_draft_tokens, max_num_draft_tokens)
     else:
         verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
                     else varlen_chain_block_speculative_sampling_from_logits_op)

@@ -101,8 +101,8 @@ def statistics_kernel(step_flags: int) -> TritonKernel:
 def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor, min_p: torch.Tensor,
                    flattened: tuple[torch.Tensor, int, int] | None = None,
-                   min_p_last: bool = False, step: tuple[list, int] | None = None
-                   ) -> torch.Tensor:
+                   min_p_last: bool = False, step: tuple[list, int] | None = None,
+                   entropy: torch.Tensor | None = None) -> torch.Tensor:
     """float64 (B * positions, STATS_FIELDS) statistics of every row of logits (B, positions, V)
     (vocabulary stride 1), under each request's parameters (1 or B values each).
 
@@ -110,7 +110,9 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     b's n_b + bonus rows from row cu[b] + b * bonus (core/launch/rows_triton.py); the statistics
     are laid out ``positions`` a request, as a padded batch's, and written for its rows only.
     ``min_p_last``: min-p after top-k and top-p (``rule.processed_rows``). ``step``: a target's
-    ``step_arguments``, rule step 0 applied as the rows are read (None: the logits as given)."""
+    ``step_arguments``, rule step 0 applied as the rows are read (None: the logits as given).
+    ``entropy``: (B * positions,) float32, where given written with each row's entropy (nats; 0
+    for a greedy row and a row without mass)."""
     if flattened is None:
         batch, positions, vocab = logits.shape
         stride_b, stride_n, _ = logits.stride()
@@ -129,6 +131,8 @@ def row_statistics(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     kernel = statistics_kernel(flags)
     kernel.fn[(batch * positions,)](logits, stats, temperature, top_k, top_p, min_p, cu,
                                     positions, num_tokens, bonus, vocab, stride_b, stride_n,
-                                    *strides, int(min_p_last), *step_args, CHUNK=CHUNK_SIZE,
-                                    VARLEN=flattened is not None, STEP=flags, **kernel.options)
+                                    *strides, int(min_p_last), *step_args,
+                                    stats if entropy is None else entropy, CHUNK=CHUNK_SIZE,
+                                    VARLEN=flattened is not None, STEP=flags,
+                                    ENTROPY=entropy is not None, **kernel.options)
     return stats

@@ -25,11 +25,12 @@ import triton.language as tl
 from ..launch.rows_triton import flattened_request
 from ..sampling.probs_triton import widen
 from ..sampling.sums_triton import BIN_LANES, add_masses, to_float
-from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS
+from ..sampling.values_triton import GREEDY, NO_MASS, SAMPLED, STATS, processed
 from . import rule as logits
 from ..sampling.step_triton import adjusted_row, drafts_before, request_step, row_step
 
 LOG2E = tl.constexpr(logits.LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
 INF_BITS = tl.constexpr(0x7F800000)  # +inf's: n = +inf (a -inf logit) is never kept
 
@@ -167,13 +168,30 @@ def _keep_limit(coef, floor):
     return tl.minimum(lo + 1, INF_BITS)
 
 
+@triton.jit
+def _entropy(row, vocab, peak, coef, limit, scale, step, STEP: tl.constexpr,
+             CHUNK: tl.constexpr):
+    """A sampled row's entropy H = ln W * sum p - ln 2 * sum p t (nats), p its processed
+    probabilities (r = 1 / W) and t = (x - m) c the base-2 log of a kept token's weight (a p of 0
+    adds nothing): one more pass over the row, once its statistics are known."""
+    lane = tl.arange(0, CHUNK)
+    mass = tl.zeros([CHUNK], tl.float32)
+    weighted = tl.zeros([CHUNK], tl.float32)
+    for first in range(0, vocab, CHUNK):
+        x = _chunk(row, vocab, first, lane, True, step, STEP)
+        p = processed(x, peak, coef, limit.to(tl.uint32), scale)
+        mass += p
+        weighted += tl.where(p > 0, p * ((x - peak) * coef), 0.0)
+    return -tl.log(scale) * tl.sum(mass, 0) - LN2 * tl.sum(weighted, 0)
+
+
 # Specialised on the row addressing only (the logits pointer, V and the row strides: 16-byte row
 # loads); no value of the other arguments compiles another kernel.
 @triton.jit(do_not_specialize=["stats_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr",
                                "min_p_ptr", "cu_ptr", "positions", "num_tokens", "bonus",
                                "temperature_stride", "top_k_stride", "top_p_stride",
                                "min_p_stride", "min_p_last", "ids_ptr", "stride_ib", "stride_in",
-                               "stride_it", "penalties_ptr", "penalty_stride"])
+                               "stride_it", "penalties_ptr", "penalty_stride", "entropy_ptr"])
 def row_statistics_kernel(
     logits_ptr,  # (B, positions, V) logits, vocabulary stride 1 (VARLEN: (T + B bonus, V))
     stats_ptr,  # (B * positions, STATS) float64, written (VARLEN: request b's rows only)
@@ -194,9 +212,11 @@ def row_statistics_kernel(
     counts_ptr,  # (B, V) output token counts, contiguous
     prompt_ptr,  # (B, V) bool prompt token mask, contiguous
     penalties_ptr, penalty_stride,  # (1 or B, 4) float64: repetition, frequency, presence, 1/r
+    entropy_ptr,  # ENTROPY: (B * positions,) float32, written as the statistics are
     CHUNK: tl.constexpr,
     VARLEN: tl.constexpr,  # a flattened batch (core/launch/rows_triton.py)
     STEP: tl.constexpr = 0,  # the parts of rule step 0 that are on (step_triton.py's flags)
+    ENTROPY: tl.constexpr = False,  # each row's entropy too (typical acceptance reads it)
 ):
     """One program per row: its statistics (module docstring), as logits.processed_rows
     decides them. The statistics are laid out as a padded batch's, ``positions`` a request."""
@@ -259,3 +279,8 @@ def row_statistics_kernel(
     tl.store(out + 3, limit.to(tl.float64))
     tl.store(out + 4, scale.to(tl.float64))
     tl.store(out + 5, index.to(tl.float64))
+    if ENTROPY:  # 0 for a greedy row (one-hot) and a row without mass
+        entropy = tl.zeros([], tl.float32)
+        if mode == SAMPLED:
+            entropy = _entropy(logits_row, vocab, peak, coef, limit, scale, step, STEP, CHUNK)
+        tl.store(entropy_ptr + row, entropy)

@@ -26,7 +26,7 @@ def _kept(logits, temperature, top_k, top_p, min_p, processing_order):
 
 @in_inference_mode
 def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                       processing_order="vllm", *step_inputs):
+                       processing_order="vllm", entropy=False, *step_inputs):
     """``rule.token_logprobs_reference``'s outputs."""
     logits = requests_rows(logits, token_ids, *step_inputs)
     batch, positions, vocab = logits.shape
@@ -36,24 +36,22 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
     t = params[0][:, None]
     mode = torch.where(t == 0, GREEDY, SAMPLED)
     mode = torch.where(rule.out_of_range(*params)[:, None] | (peak == -torch.inf), NO_MASS, mode)
-    facts = RowFacts(mode, peak, rule.LOG2E / t.float(), rule.kept_mass(e, keep).log()[:, None],
-                     index)
+    mass = rule.kept_mass(e, keep)
+    facts = RowFacts(mode, peak, rule.LOG2E / t.float(), mass.log()[:, None], index)
     ranked = torch.where(keep, x, -torch.inf) if num_top else None
     result = token_logprobs(lambda ids: rows.gather(1, ids).float(), vocab, facts, token_ids,
                             num_top, lambda ids, _: keep.gather(1, ids), ranked)
-    return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
+    entropies = (row_entropy(x, peak, e, keep, mass, mode[:, 0], t[:, 0]) if entropy
+                 else x.new_empty((batch, 0)))
+    return (result[0].view(token_ids.shape),
+            *(value.view(batch, positions, *value.shape[1:]) for value in result[1:]),
+            entropies.view(batch, positions if entropy else 0))
 
 
-@in_inference_mode
-def row_entropy_cpu(logits, temperature, top_k, top_p, min_p, processing_order="vllm"):
-    """``rule.row_entropy_reference``: H = ln W - ln 2 * sum (e / W) t over the kept tokens, t =
-    (x - m) c the base-2 log of the weight e (a weight that underflows adds nothing)."""
-    batch, positions, vocab = logits.shape
-    params, rows, x, peak, e, keep = _kept(logits, temperature, top_k, top_p, min_p,
-                                           processing_order)
-    mass = rule.kept_mass(e, keep)
-    t = (x - peak) * (rule.LOG2E / params[0].float()[:, None])
+def row_entropy(x, peak, e, keep, mass, mode, temperature):
+    """float32 (R,): H = ln W - ln 2 * sum (e / W) t over the kept tokens, t = (x - m) c the
+    base-2 log of the weight e (a weight that underflows adds nothing); 0 unless sampled."""
+    t = (x - peak) * (rule.LOG2E / temperature.float()[:, None])
     weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
     entropy = mass.log() - LN2 * weighted / mass
-    sampled = (params[0] > 0) & ~rule.out_of_range(*params) & (peak[:, 0] > -torch.inf)
-    return torch.where(sampled, entropy, 0.0).float().view(batch, positions)
+    return torch.where(mode == SAMPLED, entropy, 0.0).float()

@@ -1,6 +1,7 @@
 """The Triton launcher of the logprobs op: every row's statistics (``core/logits/launch.py``, the
 kernel the verifiers read logits through), then each wanted token's logprob from its logit and
-its row's statistics (``tokens.py``): no processed row is written.
+its row's statistics (``tokens.py``), and each row's entropy where asked for, in one more pass
+of the statistics kernel: no processed row is written.
 
 A sampled row's statistics hold m, c, the keep limit L and r = 1 / W (core/logits/triton.py): a
 token x is kept where the bits of m - x, read unsigned, are below L; log(W) is -log(r), the
@@ -10,26 +11,21 @@ from __future__ import annotations
 
 import torch
 
-from ..launch.launcher import TritonKernel, build_options
 from ..logits.launch import row_statistics, step_arguments
 from ..logits.rule import BITS, ORDERS, Step, adjusted_at
 from ..sampling.flattened import Padded, spans
-from ..sampling.race import CHUNK_SIZE
-from .kernel import row_entropy_kernel
 from .rule import requests_rows
 from .tokens import RowFacts, token_logprobs
 
-ENTROPY = TritonKernel(row_entropy_kernel, **build_options(4))  # a row pass, as the samplers'
-
 
 def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                          processing_order="vllm", generated_ids=None, cu_num_draft_tokens=None,
-                          *step_inputs):
+                          processing_order="vllm", entropy=False, generated_ids=None,
+                          cu_num_draft_tokens=None, *step_inputs):
     """``rule.token_logprobs_reference``'s outputs, from the rows' statistics, rule step 0
     applied as the statistics kernel reads the rows and, by torch, at the wanted tokens alone
     (``rule.adjusted_at``): no adjusted row is written but for ranking the top tokens."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
-    batch, positions = token_ids.shape
+    batch, positions = token_ids.shape[:2]
     vocab = logits.shape[-1]
     device = logits.device
     step = Step(*step_inputs)
@@ -54,11 +50,15 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
             target_step = step_arguments(step, ids, device)
         else:
             target_step = step_arguments(step, generated_ids, device, max(positions - 1, 0))
+    entropies = torch.empty((batch * positions if entropy else 0,), dtype=torch.float32,
+                            device=device)
     stats = row_statistics(logits, temperature, top_k, top_p, min_p, layout,
-                           min_p_last=ORDERS[processing_order], step=target_step)
-    if slots is not None:  # each slot's row's statistics
-        stats = stats.view(batch, positions, -1).gather(
-            1, slots[..., None].expand(-1, -1, stats.shape[-1])).view(batch * positions, -1)
+                           min_p_last=ORDERS[processing_order], step=target_step,
+                           entropy=entropies if entropy and entropies.numel() else None)
+    if slots is not None:  # each slot's row's statistics (and entropy)
+        index = (torch.arange(batch, device=device)[:, None] * positions + slots).view(-1)
+        stats = stats[index]
+        entropies = entropies[index] if entropy else entropies
     mode, peak, coef, limit, scale, index = (column[:, None] for column in stats.unbind(-1))
     facts = RowFacts(mode.int(), peak.float(), coef.float(), -scale.float().double().log(),
                      index.long())
@@ -87,20 +87,6 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
         x = x.reshape(batch * positions, vocab)
         ranked = torch.where(torch.isfinite(x), x, -torch.inf)
     result = token_logprobs(logits_at, vocab, facts, token_ids, num_top, kept, ranked)
-    return tuple(value.view(batch, positions, *value.shape[1:]) for value in result)
-
-
-def row_entropy_triton(logits, temperature, top_k, top_p, min_p, processing_order="vllm"):
-    """``rule.row_entropy_reference``'s (B, P) entropies: the rows' statistics, then one pass
-    over each row through them."""
-    logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # unit stride
-    batch, positions, vocab = logits.shape
-    out = torch.empty((batch, positions), dtype=torch.float32, device=logits.device)
-    if out.numel() == 0:
-        return out
-    stats = row_statistics(logits, temperature, top_k, top_p, min_p,
-                           min_p_last=ORDERS[processing_order])
-    stride_b, stride_n, _ = logits.stride()
-    ENTROPY.fn[(batch * positions,)](logits, stats, out, positions, vocab, stride_b, stride_n,
-                                     CHUNK=CHUNK_SIZE, **ENTROPY.options)
-    return out
+    return (result[0].view(token_ids.shape),
+            *(value.view(batch, positions, *value.shape[1:]) for value in result[1:]),
+            entropies.view(batch, positions if entropy else 0))

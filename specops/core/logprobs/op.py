@@ -1,9 +1,8 @@
 """``torch.ops.specops.token_logprobs``: the log-probabilities of tokens of rows of logits under
-each request's sampling parameters, and the most likely tokens (docs/semantics.md,
-"Logprobs"), registered as a torch op. The public verifiers call it after the verification op
-when a caller asks for logprobs (``outputs.py``, and each layout's ``logprobs.py``).
-``torch.ops.specops.row_entropy``: the entropy of each row's processed distribution, which
-typical acceptance reads (chain/lossy.py)."""
+each request's sampling parameters, the most likely tokens (docs/semantics.md, "Logprobs") and,
+asked for, each row's entropy (which typical acceptance reads, chain/lossy.py), registered as a
+torch op. The public verifiers call it after the verification op when a caller asks for
+logprobs (``outputs.py``, and each layout's ``logprobs.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from ..logits import parameters as params
 from ..logits.rule import Step
 from ..ops.checks import device_error, dtype_error, require_tensor, shape
 from ..ops.registry import Backends, imported_on_first_use, register_op
-from .cpu import row_entropy_cpu, token_logprobs_cpu
-from .rule import row_entropy_reference, token_logprobs_reference
+from .cpu import token_logprobs_cpu
+from .rule import token_logprobs_reference
 
 LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ID_DTYPES = (torch.int32, torch.int64)
@@ -23,9 +22,9 @@ ID_DTYPES = (torch.int32, torch.int64)
 # as generated and a flattened batch's layout (rule.requests_rows).
 STEP_INPUTS = ("generated_ids", "cu_num_draft_tokens", *Step._fields)
 SCHEMA = ("(Tensor logits, Tensor token_ids, Tensor temperature, Tensor top_k, Tensor top_p, "
-          'Tensor min_p, int num_top=0, str processing_order="vllm", '
+          'Tensor min_p, int num_top=0, str processing_order="vllm", bool entropy=False, '
           + ", ".join(f"Tensor? {name}=None" for name in STEP_INPUTS)
-          + ") -> (Tensor, Tensor, Tensor)")
+          + ") -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def check_rows(logits, temperature, top_k, top_p, min_p, processing_order="vllm",
@@ -44,18 +43,18 @@ def check_rows(logits, temperature, top_k, top_p, min_p, processing_order="vllm"
 
 
 def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-          processing_order="vllm", generated_ids=None, cu_num_draft_tokens=None,
+          processing_order="vllm", entropy=False, generated_ids=None, cu_num_draft_tokens=None,
           *step_inputs) -> None:
-    """Padded: ``check_rows``, token_ids (B, P), generated_ids None or (B, P, K). Flattened
-    (cu_num_draft_tokens given): logits (T + B, V), token_ids (B, P), cu (B + 1,),
-    generated_ids (T,). Then rule step 0's inputs and num_top in [0, V]."""
+    """Padded: ``check_rows``, token_ids (B, P) or (B, P, K), generated_ids None or (B, P, L).
+    Flattened (cu_num_draft_tokens given): logits (T + B, V), token_ids (B, P) or (B, P, K), cu
+    (B + 1,), generated_ids (T,). Then rule step 0's inputs and num_top in [0, V]."""
     require_tensor("token_ids", token_ids)
-    if token_ids.dim() != 2:
-        raise ValueError(f"token_ids must have shape (batch_size, positions); got "
-                         f"{shape(token_ids)}")
+    if token_ids.dim() not in (2, 3):
+        raise ValueError(f"token_ids must have shape (batch_size, positions) or (batch_size, "
+                         f"positions, tokens a row); got {shape(token_ids)}")
     if token_ids.dtype not in ID_DTYPES:
         raise dtype_error("token_ids", token_ids, ID_DTYPES)
-    batch, positions = token_ids.shape
+    batch, positions = token_ids.shape[:2]
     flattened = cu_num_draft_tokens is not None
     if flattened:  # the rows as the padded rows they stand for
         require_tensor("logits", logits)
@@ -71,10 +70,10 @@ def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
         check_ids("generated_ids", generated_ids, (logits.shape[0] - batch,), logits.device)
     else:
         check_rows(logits, temperature, top_k, top_p, min_p, processing_order)
-        if tuple(token_ids.shape) != tuple(logits.shape[:2]):
-            raise ValueError(f"token_ids must have shape (batch_size, positions) = "
-                             f"{tuple(logits.shape[:2])} to match logits {shape(logits)}; got "
-                             f"{shape(token_ids)}")
+        if tuple(token_ids.shape[:2]) != tuple(logits.shape[:2]):
+            raise ValueError(f"token_ids must have shape (batch_size, positions, ...) with "
+                             f"(batch_size, positions) = {tuple(logits.shape[:2])} to match logits "
+                             f"{shape(logits)}; got {shape(token_ids)}")
         if generated_ids is not None:
             check_ids("generated_ids", generated_ids, (batch, positions, generated_ids.shape[-1]),
                       logits.device)
@@ -106,24 +105,22 @@ def check_num_top(name: str, num_top, vocab: int) -> None:
 
 
 def check_values(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
-                 processing_order="vllm", generated_ids=None, cu_num_draft_tokens=None,
-                 *step_inputs) -> None:
+                 processing_order="vllm", entropy=False, generated_ids=None,
+                 cu_num_draft_tokens=None, *step_inputs) -> None:
     """SPECOPS_VALIDATE=1: parameters and rule step 0's inputs out of range."""
     params.check_parameter_values(params.named(temperature, top_k, top_p, min_p))
     step.check_adjustment_values(Step(*step_inputs))
 
 
-def check_entropy_values(logits, temperature, top_k, top_p, min_p, *rest) -> None:
-    """SPECOPS_VALIDATE=1: parameters out of range."""
-    params.check_parameter_values(params.named(temperature, top_k, top_p, min_p))
-
-
-def outputs(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0, *rest):
-    """(logprobs (B, P) float32, top ids (B, P, num_top) int32, their logprobs float32), empty."""
-    batch, positions = token_ids.shape
-    return (logits.new_empty((batch, positions), dtype=torch.float32),
+def outputs(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
+            processing_order="vllm", entropy=False, *rest):
+    """(logprobs float32 shaped as token_ids, top ids (B, P, num_top) int32, their logprobs
+    float32, the rows' entropies (B, P) float32, (B, 0) unless asked for), empty."""
+    batch, positions = token_ids.shape[:2]
+    return (logits.new_empty(token_ids.shape, dtype=torch.float32),
             logits.new_empty((batch, positions, num_top), dtype=torch.int32),
-            logits.new_empty((batch, positions, num_top), dtype=torch.float32))
+            logits.new_empty((batch, positions, num_top), dtype=torch.float32),
+            logits.new_empty((batch, positions if entropy else 0), dtype=torch.float32))
 
 
 token_logprobs_op = register_op(
@@ -131,17 +128,4 @@ token_logprobs_op = register_op(
     backends=Backends(reference=token_logprobs_reference, cpu=token_logprobs_cpu,
                       triton=imported_on_first_use(f"{__package__}.launch",
                                                    "token_logprobs_triton")),
-)
-
-
-ENTROPY_SCHEMA = ("(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
-                  'str processing_order="vllm") -> Tensor')
-
-
-row_entropy_op = register_op(
-    "specops::row_entropy", ENTROPY_SCHEMA, check=check_rows, check_values=check_entropy_values,
-    outputs=lambda logits, *rest: logits.new_empty(logits.shape[:2], dtype=torch.float32),
-    backends=Backends(reference=row_entropy_reference, cpu=row_entropy_cpu,
-                      triton=imported_on_first_use(f"{__package__}.launch",
-                                                   "row_entropy_triton")),
 )

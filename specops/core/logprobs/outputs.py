@@ -40,9 +40,9 @@ def run(mode, num_top, logits, token_ids, parameters, order, generated_ids=None,
     logprobs). Rule step 0 ``step`` for "processed" only."""
     if mode == "raw":
         parameters, order, step = _raw_parameters(logits.device), "vllm", Step()
-    result = token_logprobs_op(logits, token_ids, *parameters, num_top, order, generated_ids,
-                               cu_num_draft_tokens, *step)
-    return result if num_top else result[:1]
+    result = token_logprobs_op(logits, token_ids, *parameters, num_top, order, False,
+                               generated_ids, cu_num_draft_tokens, *step)
+    return result[:3] if num_top else result[:1]
 
 
 def gathered(result, source, has, per_request=False) -> tuple:

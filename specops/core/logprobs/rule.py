@@ -43,35 +43,32 @@ def _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last):
     return torch.where(no_mass, -torch.inf, rows)
 
 
-def entropy_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
-                 ) -> torch.Tensor:
-    """float32 (R,): the entropy -sum p ln p (nats) of each row's processed distribution; 0 for
-    a greedy row (one-hot) and a row without mass."""
-    logprobs = _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last)
+def entropy_of(logprobs: torch.Tensor) -> torch.Tensor:
+    """float32 (R,): the entropy -sum p ln p (nats) of rows given as their float64 logprobs (R, V)
+    (``_logprob_rows``); 0 for a greedy row (one-hot) and a row without mass."""
     terms = torch.where(logprobs > -torch.inf, logprobs.exp() * logprobs, 0.0)
     return (0.0 - terms.sum(dim=-1)).float()  # 0.0 - 0.0 is +0
 
 
 def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
-    """From log-probability rows (R, V) and each row's token (R,) (an id outside [0, V): none):
-    (the token's logprob (R,), the num_top most likely ids (R, num_top) int32 and their logprobs);
-    -inf for a row without a token, and -1 with -inf where fewer than num_top tokens have
-    probability (a row without a token has none)."""
+    """From log-probability rows (R, V) and each row's tokens (R, K) (an id outside [0, V):
+    none): (their logprobs (R, K), the num_top most likely ids (R, num_top) int32 and their
+    logprobs); -inf for an id outside [0, V), and -1 with -inf where fewer than num_top tokens
+    have probability (a row without a token has none)."""
     vocab = rows.shape[-1]
     ids = token_ids.long()
     inside = (ids >= 0) & (ids < vocab)
-    at = rows.gather(1, ids.clamp(0, max(vocab - 1, 0))[:, None])[:, 0]
+    at = rows.gather(1, ids.clamp(0, max(vocab - 1, 0)))
     logprobs = torch.where(inside, at, -torch.inf)
     values, top_ids = rows.topk(num_top, dim=-1)
-    has = (values > -torch.inf) & inside[:, None]
+    has = (values > -torch.inf) & inside.any(dim=-1, keepdim=True)
     return (logprobs, torch.where(has, top_ids, -1).int(),
             torch.where(has, values, -torch.inf))
 
 
 def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=None,
                   cu_num_draft_tokens=None, *step) -> torch.Tensor:
-    """The rows (B, P, V) the op's tokens token_ids (B, P) are read under, rule step 0 (``step``:
+    """The rows (B, P, V) the op's tokens token_ids (B, P, ...) are read under, rule step 0 (``step``:
     ``rule.Step``'s fields) applied: the requests' rows of logits (B, P, V), row p counting as
     generated the first p ids of its list ``generated_ids`` (B, P, K) (``listed_generated``;
     None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened batch's rows (T + B, V)
@@ -79,7 +76,7 @@ def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=N
     ``generated_ids`` (T,), each row counting its request's drafts before it."""
     step = Step(*step)
     if cu_num_draft_tokens is not None:
-        batch, positions = token_ids.shape
+        batch, positions = token_ids.shape[:2]
         padded = Padded(cu_num_draft_tokens, logits.shape[0] - batch, positions - 1)
         logits = padded.targets(logits)
         if step.allowed_token_bitmask is not None:
@@ -95,29 +92,23 @@ def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=N
 def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                              temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                              min_p: torch.Tensor, num_top: int = 0,
-                             processing_order: str = "vllm", *step_inputs):
-    """The registered op's rule: the logprob of token_ids (B, P) at each of the requests' rows
+                             processing_order: str = "vllm", entropy: bool = False,
+                             *step_inputs):
+    """The registered op's rule: the logprobs of token_ids (B, P) or (B, P, K) at each of the
+    requests' rows
     (``requests_rows``: rule step 0 of ``step_inputs`` applied), each request's parameters (1 or
-    B values) on every row of it, and the num_top most likely tokens: ((B, P) float32,
-    (B, P, num_top) int32, (B, P, num_top) float32)."""
+    B values) on every row of it, the num_top most likely tokens and, with ``entropy``, each
+    row's entropy: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top) float32, (B, P) or
+    (B, 0) float32)."""
     logits = requests_rows(logits, token_ids, *step_inputs)
     batch, positions, vocab = logits.shape
-    rows = logprob_rows(logits.reshape(batch * positions, vocab),
-                        *(rule.per_row(value, batch, positions)
-                          for value in (temperature, top_k, top_p, min_p)),
-                        min_p_last=rule.ORDERS[processing_order])
-    logprobs, top_ids, top_logprobs = selected(rows, token_ids.reshape(-1), num_top)
-    return (logprobs.view(batch, positions), top_ids.view(batch, positions, num_top),
-            top_logprobs.view(batch, positions, num_top))
-
-
-def row_entropy_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                          top_p: torch.Tensor, min_p: torch.Tensor,
-                          processing_order: str = "vllm") -> torch.Tensor:
-    """The entropy op's rule: (B, P) float32, ``entropy_rows`` of the requests' rows (B, P, V),
-    each request's parameters (1 or B values) on every row of it."""
-    batch, positions, vocab = logits.shape
-    return entropy_rows(logits.reshape(batch * positions, vocab),
-                        *(rule.per_row(value, batch, positions)
-                          for value in (temperature, top_k, top_p, min_p)),
-                        min_p_last=rule.ORDERS[processing_order]).view(batch, positions)
+    rows = _logprob_rows(logits.reshape(batch * positions, vocab),
+                         *(rule.per_row(value, batch, positions)
+                           for value in (temperature, top_k, top_p, min_p)),
+                         rule.ORDERS[processing_order])
+    logprobs, top_ids, top_logprobs = selected(rows.float(), token_ids.reshape(batch * positions,
+                                                                               -1), num_top)
+    entropies = entropy_of(rows).view(batch, positions) if entropy else rows.new_empty(
+        (batch, 0), dtype=torch.float32)
+    return (logprobs.view(token_ids.shape), top_ids.view(batch, positions, num_top),
+            top_logprobs.view(batch, positions, num_top), entropies)

@@ -41,16 +41,16 @@ def at_tokens(x: torch.Tensor, facts: RowFacts, ids: torch.Tensor, vocab: int,
 
 def token_logprobs(logits_at: Callable[[torch.Tensor], torch.Tensor], vocab: int,
                    facts: RowFacts, token_ids, num_top: int, kept, ranked):
-    """(logprobs (R,), top ids (R, num_top) int32, top logprobs (R, num_top)) of R rows and their
-    tokens (R,): ``logits_at`` maps ids (R, K) in [0, V) to the rows' float32 logits there (as the
+    """(logprobs (R, K), top ids (R, num_top) int32, top logprobs (R, num_top)) of R rows and
+    their tokens (R, K): ``logits_at`` maps ids (R, K) in [0, V) to the rows' float32 logits there (as the
     rule reads them). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top largest are
     each row's most likely tokens (the kept logits come first: a row keeps its largest logits,
     the weights growing with the logit)."""
     def logprobs_at(ids):
         return at_tokens(logits_at(ids.clamp(0, vocab - 1)), facts, ids, vocab, kept)
 
-    ids = token_ids.reshape(-1, 1).long()
-    logprobs = logprobs_at(ids)[:, 0]
+    ids = token_ids.reshape(facts.mode.shape[0], -1).long()
+    logprobs = logprobs_at(ids)
     if not num_top:
         empty = torch.zeros(ids.shape[0], 0, device=ids.device)
         return logprobs, empty.int(), empty
@@ -61,6 +61,6 @@ def token_logprobs(logits_at: Callable[[torch.Tensor], torch.Tensor], vocab: int
     greedy = facts.mode == GREEDY
     top = torch.where(greedy & first, facts.index, top)
     top_logprobs = torch.where(greedy, torch.where(first, 0.0, -torch.inf), top_logprobs)
-    has = (top_logprobs > -torch.inf) & (ids >= 0) & (ids < vocab)  # no token: none
+    has = (top_logprobs > -torch.inf) & ((ids >= 0) & (ids < vocab)).any(dim=-1, keepdim=True)
     return (logprobs, torch.where(has, top, -1).int(),
             torch.where(has, top_logprobs, -torch.inf))
