@@ -8,9 +8,9 @@ and the lossy acceptance rules (token verification's place), side by side in one
 
 Printed per verification: median microseconds per call of each variant and its ratio to the plain
 call. The requests sample with temperature and min-p, no top-k or top-p, so that the ratios show
-what each part adds rather than the truncations' searches. On a GPU the bias, the mask and the penalties are applied, for now, by a float32 copy of the
-target's adjusted logits before the fused kernels (docs/internals/decisions.md), so their ratio
-there is the price of that copy.
+what each part adds rather than the truncations' searches. On a GPU the kernels apply the bias,
+the mask and the penalties as they read the logits, and so do the logprobs and lossy acceptance
+(docs/internals/kernel.md), so their ratios there are the price of reading step 0's inputs.
 """
 
 from __future__ import annotations
@@ -61,10 +61,13 @@ def variants(step: dict) -> dict:
             "raw logprobs": dict(logprobs="raw"),
             "processed logprobs": dict(logprobs="processed"),
             "processed logprobs, top 5": dict(logprobs="processed", num_top_logprobs=5),
+            "all, processed logprobs": dict(everything, logprobs="processed"),
             "typical acceptance": dict(acceptance="typical"),
-            "acceptance rate 0.7": dict(acceptance_rate=0.7)}
+            "acceptance rate 0.7": dict(acceptance_rate=0.7),
+            "all, typical acceptance": dict(everything, acceptance="typical")}
 
-LOSSY = ("typical acceptance", "acceptance rate 0.7")  # token rule only: block refuses them
+# Token rule only: block verification refuses them.
+LOSSY = ("typical acceptance", "acceptance rate 0.7", "all, typical acceptance")
 
 
 def main(argv=None) -> None:

@@ -159,5 +159,5 @@ def test_sampling_step_benchmark_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()
             if line.startswith(("token", "block"))]
-    assert len(rows) == 20 and [row[1] for row in rows[:6:5]] == ["plain", "all"], proc.stdout
+    assert len(rows) == 23 and [row[1] for row in rows[:6:5]] == ["plain", "all"], proc.stdout
     assert all(float(row[-2]) > 0 for row in rows) and rows[0][-1] == "1.00", proc.stdout

@@ -36,12 +36,14 @@ SPECS = [("token", "bf16", True, False, False, EVERY), ("token", "fp32", True, F
          ("statistics", "fp16", None, None, True, EVERY),
          ("tree", "bf16", True, True, False, EVERY), ("tree", "fp32", False, False, False, EVERY),
          ("traversal", "bf16", True, False, False, EVERY)]
-# Checked for spills only (their row loops hold the draft loop).
+# Checked for spills only: the row loops holding the draft loop, and the statistics kernel's
+# entropy pass (typical acceptance).
 LONG_SPECS = [("token", "bf16", True, False, False, LONG),
               ("block", "fp32", True, False, False, LONG),
               ("statistics", "bf16", None, None, False, LONG),
               ("tree", "bf16", True, False, False, LONG),
-              ("traversal", "fp32", True, True, False, LONG)]
+              ("traversal", "fp32", True, True, False, LONG),
+              ("entropy", "fp32", None, None, True, EVERY)]
 
 WORKER = r'''
 import json, sys
@@ -58,8 +60,8 @@ for kind, prob, draft, draft_logits, varlen, step in specs + long_specs:
         found = sass.compile_report(kernel, with_row_loops=budgeted)
         if budgeted:
             found["budget"] = sass.budget(prob, draft, kernel, kind, " step 0", step_inputs)
-    elif kind == "statistics":
-        kernel = sass.compile_statistics(prob, varlen, step)
+    elif kind in ("statistics", "entropy"):
+        kernel = sass.compile_statistics(prob, varlen, step, entropy=kind == "entropy")
         found = sass.compile_report(kernel)
         if budgeted:
             found["budget"] = sass.statistics_budget(prob, kernel, " step 0", step_inputs)
