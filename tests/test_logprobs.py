@@ -370,3 +370,31 @@ def test_compiled_equals_eager(backend):
     compiled = torch.compile(call, backend=backend, fullgraph=True)
     got, want = compiled(*args), call(*args)
     assert len(got) == 6 and all(map(torch.equal, got, want))
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_empty_batches_and_chains_without_drafts(backend, monkeypatch):
+    """No request, and requests without drafts: logprobs and lossy acceptance, with penalties,
+    give outputs of the padded shapes (nothing to reshape from: no size inferred)."""
+    if backend == "triton":
+        monkeypatch.setenv("SPECOPS_BACKEND", "triton")
+    vocab = 20
+    for batch, n in ((0, 3), (2, 0)):
+        logits = torch.randn(batch, n + 1, vocab)
+        ids = torch.zeros(batch, n, dtype=torch.int64)
+        step = dict(logit_bias=torch.zeros(batch, vocab), repetition_penalty=1.2,
+                    output_token_counts=torch.zeros(batch, vocab, dtype=torch.int32))
+        cu = torch.zeros(batch + 1, dtype=torch.int64)
+        flat = logits[:, :1].reshape(batch, vocab)  # no drafts: one row a request
+        for extra in (dict(logprobs="processed", num_top_logprobs=2),
+                      dict(acceptance="typical")):
+            chain = specops.chain_speculative_sampling_from_logits(None, ids, logits, seed=0,
+                                                                   **step, **extra)
+            assert chain[0].shape == (batch, n + 1) and len(chain) == 3 + 3 * ("logprobs" in extra)
+            varlen = specops.varlen.chain_speculative_sampling_from_logits(
+                None, ids.new_zeros(0), flat, cu, n, seed=0, **step, **extra)
+            assert [tuple(t.shape) for t in varlen] == [tuple(t.shape) for t in chain]
+            if n:
+                tree = specops.tree_speculative_sampling_from_logits(
+                    None, ids, torch.zeros_like(ids), logits, seed=0, **step, **extra)
+                assert tree[0].shape == (batch, n + 1)

@@ -423,34 +423,6 @@ def test_triton_path_penalises_a_flattened_batch_as_the_reference():
         None, ids.to(DEVICE), rows.to(DEVICE), cu.to(DEVICE), 3, **plain)[0].cpu())
 
 
-def test_a_flattened_batchs_adjusted_rows_are_the_padded_batchs():
-    """The Triton path's step 0 on a flattened batch's rows (each row its request's bias,
-    counts and penalties, its drafts before it) against the padded batch's rows, exactly."""
-    from specops.chain.from_logits_triton import adjusted_target_logits
-    from specops.chain.rows import Flattened
-    from specops.core.sampling.flattened import Padded
-
-    n = [2, 0, 3, 1]
-    g = torch.Generator().manual_seed(12)
-    rows = 2 * torch.randn(sum(n) + 4, 50, generator=g)
-    ids = torch.randint(0, 50, (sum(n),), generator=g)
-    ids[3] = ids[2]
-    ids[4] = -1  # request 2's second draft ends its drafts: the third is not counted
-    cu = torch.tensor([0, *n]).cumsum(0)
-    step = rule.Step(torch.randn(4, 50, generator=g),
-                     packed_bitmask(torch.rand(rows.shape[0], 50, generator=g) < 0.6),
-                     torch.tensor([1.5, 1.2, 2.0, 0.9]), torch.tensor([0.7]),
-                     torch.tensor([0.4, 0.0, 1.0, 0.2]),
-                     torch.randint(0, 3, (4, 50), generator=g), torch.rand(4, 50, generator=g) < 0.2)
-    got = adjusted_target_logits(rows, ids, step, Flattened(cu, 3))
-    padded = Padded(cu, sum(n), 3)
-    expected = step._replace(allowed_token_bitmask=padded.targets(step.allowed_token_bitmask)) \
-        .adjusted(padded.targets(rows), lambda c: rule.chain_generated(c, padded.ids(ids)))
-    for b, count in enumerate(n):
-        first = int(cu[b]) + b
-        assert torch.equal(got[first:first + count + 1], expected[b, :count + 1])
-
-
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_penalties_without_drafts(verification):
     """N = 0 (and a flattened step of no drafts, T = 0): the one row counts the output only."""

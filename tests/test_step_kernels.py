@@ -12,7 +12,6 @@ import torch
 from inputs import DEVICE, Allocations  # tests/inputs.py (conftest.py: TRITON_INTERPRET=1 on CPU)
 
 from specops.chain.block.launch import block_speculative_sampling_from_logits_triton
-from specops.chain.from_logits_triton import adjusted_target_logits
 from specops.chain.rows import Flattened
 from specops.chain.token.launch import chain_speculative_sampling_from_logits_triton
 from specops.core.logits.launch import row_statistics, step_arguments
@@ -57,6 +56,22 @@ def inputs(seed, parts=("bias", "mask", "penalties", "prompt"), bias_dtype=torch
         if "prompt" in parts:
             step = step._replace(prompt_token_mask=torch.rand(B, V, generator=g) < 0.1)
     return target, draft, ids, step
+
+
+def adjusted_target_logits(rows, ids, step, flat):
+    """The target's rows after rule step 0, written out: padded (B, N + 1, V), row t counting
+    the first t drafts; or a flattened batch's (T + B, V), each request's rows those of the
+    padded batch it stands for (``requests_rows``, the logprobs op's rule)."""
+    from specops.core.logits.rule import chain_generated
+    from specops.core.logprobs.rule import requests_rows
+
+    if flat is None:
+        return step.adjusted(rows, lambda counts: chain_generated(counts, ids))
+    batch = flat.cu_num_draft_tokens.shape[0] - 1
+    tokens = torch.zeros(batch, flat.max_num_draft_tokens + 1, dtype=torch.int64,
+                         device=rows.device)
+    padded = requests_rows(rows, tokens, ids, flat.cu_num_draft_tokens, *step)
+    return torch.cat([padded[b, :n + 1] for b, n in enumerate(LENGTHS)])
 
 
 def to_device(step: Step) -> Step:

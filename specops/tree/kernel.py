@@ -207,7 +207,7 @@ def tree_speculative_sampling_kernel(
     draft_stats_ptr,  # DRAFT_LOGITS: (B (M + 1), STATS) float64 statistics of the draft's rows
     # Rule step 0 of the target's rows (LOGITS, where STEP says; core/sampling/step_triton.py):
     paths_ptr, stride_path_b, stride_path_k, stride_path_n,  # (B, M + 1, max(M, 1)) each node's
-    # path tokens counted as generated (launch.py's paths)
+    # path tokens counted as generated (processed.py's paths)
     bias_ptr,  # (B, V) logit bias, contiguous
     bitmask_ptr,  # (B, M + 1, ceil(V / 32)) int32, contiguous
     counts_ptr,  # (B, V) output token counts, contiguous

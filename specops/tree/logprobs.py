@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..core.logits.rule import Step
-from ..core.logprobs.outputs import gathered, run
+from ..core.logprobs.outputs import run
 from .processed import paths
 
 
@@ -28,4 +28,13 @@ def tree_logprobs(mode, num_top: int, target_logits, draft_token_ids, parents, o
         lists = paths(draft_token_ids, parents, target_logits.shape[-1])
     result = run(mode, num_top, target_logits, tokens[:, :nodes], parameters, order, lists, None,
                  step)
-    return gathered(result, source, has, per_request=True)
+    return tuple(_at_positions(value, source, has) for value in result)
+
+
+def _at_positions(value, source, has):
+    """The op's per-row result (B, rows, ...) read at each output position's row ``source``
+    (B, M + 1); -inf and -1 where the position has no token."""
+    index = source.view(*source.shape, *([1] * (value.dim() - 2)))
+    taken = value.gather(1, index.expand(*source.shape, *value.shape[2:]))
+    mask = has.view(*has.shape, *([1] * (taken.dim() - 2)))
+    return torch.where(mask, taken, -1 if value.dtype == torch.int32 else -torch.inf)

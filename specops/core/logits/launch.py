@@ -40,7 +40,7 @@ def step_arguments(step: Step | None, draft_token_ids: torch.Tensor, device: tor
     row), bias, bitmask, counts, prompt mask, penalties (1 or B, 4) float64 and their stride; the
     STEP flags), from a target's Step (None: off) and its draft ids: (B, N), row t counting the
     first t; a flattened batch's (T,); or a tree's paths (B, M + 1, max(M, 1)), row t counting
-    its own list up to its first id outside [0, V) (``tree/launch.py``'s ``paths``), at most t
+    its own list up to its first id outside [0, V) (``tree/processed.py``'s ``paths``), at most t
     long. The requests have at most ``most_drafts`` drafts before a row (by default the ids' last
     size). Parts that are off get placeholders; the tensors the kernels read as rows are made
     contiguous."""

@@ -304,13 +304,14 @@ def listed_generated(counts: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
     of its list ``lists[b, p]`` ((B, P, K) ids; those outside [0, V), and all after the first of
     them, not counted): a chain's row p lists its drafts, a tree node's row its path."""
     batch, positions, length = lists.shape
+    vocab = counts.shape[-1]
     before = torch.arange(positions, device=counts.device)[:, None] > torch.arange(
         length, device=counts.device)
     return generated_counts(
-        counts[:, None, :].expand(batch, positions, -1).reshape(batch * positions, -1),
+        counts[:, None, :].expand(batch, positions, vocab).reshape(batch * positions, vocab),
         lists.reshape(batch * positions, length),
-        before.expand(batch, positions, length).reshape(batch * positions, -1)
-    ).view(batch, positions, -1)
+        before.expand(batch, positions, length).reshape(batch * positions, length)
+    ).view(batch, positions, vocab)
 
 
 def chain_generated(counts: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
@@ -330,7 +331,7 @@ def adjusted_at(x: torch.Tensor, ids: torch.Tensor, vocab: int, step: Step,
     batch, positions, k = ids.shape
 
     def at(rows):  # a request's (B, V) tensor at the tokens
-        return rows.gather(1, ids.reshape(batch, -1)).view(ids.shape)
+        return rows.gather(1, ids.reshape(batch, positions * k)).view(ids.shape)
 
     if step.logit_bias is not None:
         x = x + at(step.logit_bias).float()
@@ -353,8 +354,10 @@ def adjusted_at(x: torch.Tensor, ids: torch.Tensor, vocab: int, step: Step,
 
     rows = Penalties(each(penalties.repetition), each(penalties.frequency),
                      each(penalties.presence), count,
-                     None if penalties.prompt is None else at(penalties.prompt).view(-1, k))
-    return penalized(x.view(-1, 1, k), rows, count.view(-1, 1, k)).view(ids.shape)
+                     None if penalties.prompt is None else
+                     at(penalties.prompt).view(batch * positions, k))
+    return penalized(x.view(batch * positions, 1, k), rows,
+                     count.view(batch * positions, 1, k)).view(ids.shape)
 
 
 def drafts_own(draft_parameters, parameters) -> tuple:

@@ -67,7 +67,7 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
         return ((peak.float() - x).view(torch.int32).long() & 0xFFFFFFFF) < limit
 
     def logits_at(ids):  # (B * P, K) ids in [0, V): the rows' logits there, step 0 applied
-        ids = ids.view(batch, positions, -1)
+        ids = ids.view(batch, positions, ids.shape[-1])
         if cu is None:
             x = logits.gather(2, ids).float()
             words = (None if step.allowed_token_bitmask is None else
@@ -79,7 +79,7 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
                      step.allowed_token_bitmask[rows, ids // BITS])
         if step.changes_logits():
             x = adjusted_at(x, ids, vocab, step, words, lists)
-        return x.view(batch * positions, -1)
+        return x.view(batch * positions, ids.shape[-1])
 
     ranked = None
     if num_top:  # the top tokens: one topk pass over (adjusted) rows, NaN and infinities as -inf

@@ -75,8 +75,12 @@ def check(logits, token_ids, temperature, top_k, top_p, min_p, num_top=0,
                              f"(batch_size, positions) = {tuple(logits.shape[:2])} to match logits "
                              f"{shape(logits)}; got {shape(token_ids)}")
         if generated_ids is not None:
-            check_ids("generated_ids", generated_ids, (batch, positions, generated_ids.shape[-1]),
-                      logits.device)
+            require_tensor("generated_ids", generated_ids)
+            if generated_ids.dim() != 3 or tuple(generated_ids.shape[:2]) != (batch, positions):
+                raise ValueError(f"generated_ids must have shape (batch_size, positions, L) with "
+                                 f"(batch_size, positions) = {(batch, positions)}; got "
+                                 f"{shape(generated_ids)}")
+            check_ids("generated_ids", generated_ids, tuple(generated_ids.shape), logits.device)
     if token_ids.device != logits.device:
         raise device_error("token_ids", token_ids, logits.device, "logits")
     vocab = logits.shape[-1]

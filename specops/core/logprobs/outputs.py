@@ -43,20 +43,3 @@ def run(mode, num_top, logits, token_ids, parameters, order, generated_ids=None,
     result = token_logprobs_op(logits, token_ids, *parameters, num_top, order, False,
                                generated_ids, cu_num_draft_tokens, *step)
     return result[:3] if num_top else result[:1]
-
-
-def gathered(result, source, has, per_request=False) -> tuple:
-    """The op's per-row results, read at each output position's row ``source`` (B, P): rows of
-    one request (per_request: (B, rows, ...)) or of all (rows, 1, ...); -inf and -1 where the
-    position has no token."""
-    out = []
-    for value in result:
-        if per_request:
-            index = source.view(*source.shape, *([1] * (value.dim() - 2)))
-            taken = value.gather(1, index.expand(*source.shape, *value.shape[2:]))
-        else:
-            taken = value[:, 0][source]
-        empty = -1 if value.dtype == torch.int32 else -torch.inf
-        mask = has.view(*has.shape, *([1] * (taken.dim() - 2)))
-        out.append(torch.where(mask, taken, empty))
-    return tuple(out)

@@ -106,8 +106,9 @@ def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                          *(rule.per_row(value, batch, positions)
                            for value in (temperature, top_k, top_p, min_p)),
                          rule.ORDERS[processing_order])
-    logprobs, top_ids, top_logprobs = selected(rows.float(), token_ids.reshape(batch * positions,
-                                                                               -1), num_top)
+    per_row = token_ids.shape[2] if token_ids.dim() == 3 else 1
+    logprobs, top_ids, top_logprobs = selected(
+        rows.float(), token_ids.reshape(batch * positions, per_row), num_top)
     entropies = entropy_of(rows).view(batch, positions) if entropy else rows.new_empty(
         (batch, 0), dtype=torch.float32)
     return (logprobs.view(token_ids.shape), top_ids.view(batch, positions, num_top),

@@ -49,7 +49,8 @@ def token_logprobs(logits_at: Callable[[torch.Tensor], torch.Tensor], vocab: int
     def logprobs_at(ids):
         return at_tokens(logits_at(ids.clamp(0, vocab - 1)), facts, ids, vocab, kept)
 
-    ids = token_ids.reshape(facts.mode.shape[0], -1).long()
+    per_row = token_ids.shape[2] if token_ids.dim() == 3 else 1  # (no -1: B P may be 0)
+    ids = token_ids.reshape(facts.mode.shape[0], per_row).long()
     logprobs = logprobs_at(ids)
     if not num_top:
         empty = torch.zeros(ids.shape[0], 0, device=ids.device)
