@@ -13,7 +13,7 @@ import torch
 
 from ..logits.launch import row_statistics, step_arguments
 from ..logits.rule import BITS, ORDERS, Step, adjusted_at
-from ..sampling.flattened import Padded, spans
+from ..sampling.flattened import Padded
 from .rule import requests_rows
 from .tokens import RowFacts, token_logprobs
 
@@ -37,11 +37,10 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
             lists = torch.full((1, 1, 1), -1, dtype=torch.int64, device=device)
         lists = lists.expand(batch, positions, -1)
     else:  # flattened: the padded batch's slot (b, p) reads row min(p, n_b) of request b
-        layout, most = (cu, positions, 1), positions - 1
-        padded = Padded(cu, logits.shape[0] - batch, most)
+        layout = (cu, positions, 1)
+        padded = Padded(cu, logits.shape[0] - batch, positions - 1)
         lists = padded.ids(generated_ids)[:, None, :].expand(batch, positions, -1)
-        n = spans(cu, logits.shape[0] - batch, most)[1]
-        slots = torch.minimum(torch.arange(positions, device=device), n[:, None])
+        slots = padded.target_rows - padded.target_rows[:, :1]  # min(p, n_b)
     target_step = None
     if step.changes_logits():
         if cu is None:  # at least P - 1 ids a row: the kernel reads row p's up to p
@@ -56,9 +55,9 @@ def token_logprobs_triton(logits, token_ids, temperature, top_k, top_p, min_p, n
                            min_p_last=ORDERS[processing_order], step=target_step,
                            entropy=entropies if entropy and entropies.numel() else None)
     if slots is not None:  # each slot's row's statistics (and entropy)
-        index = (torch.arange(batch, device=device)[:, None] * positions + slots).view(-1)
-        stats = stats[index]
-        entropies = entropies[index] if entropy else entropies
+        slot_rows = (torch.arange(batch, device=device)[:, None] * positions + slots).view(-1)
+        stats = stats[slot_rows]
+        entropies = entropies[slot_rows] if entropy else entropies
     mode, peak, coef, limit, scale, index = (column[:, None] for column in stats.unbind(-1))
     facts = RowFacts(mode.int(), peak.float(), coef.float(), -scale.float().double().log(),
                      index.long())
