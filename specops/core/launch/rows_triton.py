@@ -1,6 +1,7 @@
 """A flattened batch's requests, as the kernels read them (``specops.varlen``): T drafts of all
 requests in one tensor, request b's at [cu[b], cu[b + 1]); the target's T + B rows, request b's
-N_b + 1 from row cu[b] + b. The torch twin, whose clamping this mirrors, is core/sampling/flattened.py."""
+N_b + 1 from row cu[b] + b. The torch twin, whose clamping this mirrors, is
+core/sampling/flattened.py."""
 
 import triton
 import triton.language as tl

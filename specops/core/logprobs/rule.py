@@ -68,10 +68,10 @@ def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
 
 def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=None,
                   cu_num_draft_tokens=None, *step) -> torch.Tensor:
-    """The rows (B, P, V) the op's tokens token_ids (B, P, ...) are read under, rule step 0 (``step``:
-    ``rule.Step``'s fields) applied: the requests' rows of logits (B, P, V), row p counting as
-    generated the first p ids of its list ``generated_ids`` (B, P, K) (``listed_generated``;
-    None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened batch's rows (T + B, V)
+    """The rows (B, P, V) the op's tokens token_ids (B, P, ...) are read under, rule step 0
+    (``step``: ``rule.Step``'s fields) applied: the requests' rows of logits (B, P, V), row p
+    counting as generated the first p ids of its list ``generated_ids`` (B, P, K)
+    (``listed_generated``; None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened batch's rows (T + B, V)
     as the padded batch they stand for (``Padded``, P = max_num_draft_tokens + 1), its drafts
     ``generated_ids`` (T,), each row counting its request's drafts before it."""
     step = Step(*step)
@@ -95,9 +95,8 @@ def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                              processing_order: str = "vllm", entropy: bool = False,
                              *step_inputs):
     """The registered op's rule: the logprobs of token_ids (B, P) or (B, P, K) at each of the
-    requests' rows
-    (``requests_rows``: rule step 0 of ``step_inputs`` applied), each request's parameters (1 or
-    B values) on every row of it, the num_top most likely tokens and, with ``entropy``, each
+    requests' rows (``requests_rows``: rule step 0 of ``step_inputs`` applied), each request's
+    parameters (1 or B values) on every row of it, the num_top most likely tokens and, with ``entropy``, each
     row's entropy: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top) float32, (B, P) or
     (B, 0) float32)."""
     logits = requests_rows(logits, token_ids, *step_inputs)
