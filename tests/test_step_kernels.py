@@ -334,10 +334,10 @@ def test_a_trees_paths_count_what_each_row_counts(shape):
 
 @pytest.mark.parametrize("layout", ["chain", "tree", "flattened"])
 def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
-    """The logprobs op's Triton path (and each row's entropy) with rule step 0 (each row's drafts or path counted as
-    generated; a flattened batch read where its rows are) gives, bit for bit, what it gives the
-    adjusted rows written out, and the reference's values to float32 rounding; without top tokens
-    it makes no row-sized tensor."""
+    """The logprobs op's Triton path (and each row's entropy) with rule step 0 (each row's drafts or
+    path counted as generated; a flattened batch read where its rows are) gives, bit for bit, what
+    it gives the adjusted rows written out, and the reference's values to float32 rounding; without
+    top tokens it makes no row-sized tensor."""
     from specops.core.logprobs.launch import token_logprobs_triton
     from specops.core.logprobs.rule import requests_rows, token_logprobs_reference
     from specops.core.sampling.flattened import Padded

@@ -71,9 +71,9 @@ def requests_rows(logits: torch.Tensor, token_ids: torch.Tensor, generated_ids=N
     """The rows (B, P, V) the op's tokens token_ids (B, P, ...) are read under, rule step 0
     (``step``: ``rule.Step``'s fields) applied: the requests' rows of logits (B, P, V), row p
     counting as generated the first p ids of its list ``generated_ids`` (B, P, K)
-    (``listed_generated``; None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened batch's rows (T + B, V)
-    as the padded batch they stand for (``Padded``, P = max_num_draft_tokens + 1), its drafts
-    ``generated_ids`` (T,), each row counting its request's drafts before it."""
+    (``listed_generated``; None: none); or, given ``cu_num_draft_tokens`` (B + 1,), a flattened
+    batch's rows (T + B, V) as the padded batch they stand for (``Padded``, P = max_num_draft_tokens
+    + 1), its drafts ``generated_ids`` (T,), each row counting its request's drafts before it."""
     step = Step(*step)
     if cu_num_draft_tokens is not None:
         batch, positions = token_ids.shape[:2]
@@ -96,9 +96,9 @@ def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                              *step_inputs):
     """The registered op's rule: the logprobs of token_ids (B, P) or (B, P, K) at each of the
     requests' rows (``requests_rows``: rule step 0 of ``step_inputs`` applied), each request's
-    parameters (1 or B values) on every row of it, the num_top most likely tokens and, with ``entropy``, each
-    row's entropy: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top) float32, (B, P) or
-    (B, 0) float32)."""
+    parameters (1 or B values) on every row of it, the num_top most likely tokens and, with
+    ``entropy``, each row's entropy: ((B, P) float32, (B, P, num_top) int32, (B, P, num_top)
+    float32, (B, P) or (B, 0) float32)."""
     logits = requests_rows(logits, token_ids, *step_inputs)
     batch, positions, vocab = logits.shape
     rows = _logprob_rows(logits.reshape(batch * positions, vocab),

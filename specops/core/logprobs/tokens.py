@@ -41,11 +41,11 @@ def at_tokens(x: torch.Tensor, facts: RowFacts, ids: torch.Tensor, vocab: int,
 
 def token_logprobs(logits_at: Callable[[torch.Tensor], torch.Tensor], vocab: int,
                    facts: RowFacts, token_ids, num_top: int, kept, ranked):
-    """(logprobs (R, K), top ids (R, num_top) int32, top logprobs (R, num_top)) of R rows and
-    their tokens (R, K): ``logits_at`` maps ids (R, K) in [0, V) to the rows' float32 logits there (as the
-    rule reads them). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top largest are
-    each row's most likely tokens (the kept logits come first: a row keeps its largest logits,
-    the weights growing with the logit)."""
+    """(logprobs (R, K), top ids (R, num_top) int32, top logprobs (R, num_top)) of R rows and their
+    tokens (R, K): ``logits_at`` maps ids (R, K) in [0, V) to the rows' float32 logits there (as the
+    rule reads them). ``ranked`` (with num_top > 0): (R, V) float32 whose num_top largest are each
+    row's most likely tokens (the kept logits come first: a row keeps its largest logits, the
+    weights growing with the logit)."""
     def logprobs_at(ids):
         return at_tokens(logits_at(ids.clamp(0, vocab - 1)), facts, ids, vocab, kept)
 
