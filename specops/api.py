@@ -24,6 +24,7 @@ from .core.logits import parameters as _params
 from .core.ops.checks import require_tensor
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .chain.logprobs import chain_logprobs
+from .chain.outputs import add_counts
 from .chain.lossy import lossy_chain
 from .core.logits.acceptance import check_lossy
 from .core.logprobs.outputs import check_request as check_logprobs_request
@@ -51,14 +52,18 @@ def _counters(accepted, emitted, batch, device):
     return accepted, emitted
 
 
-def opening_checks(verification, target, target_name: str, accepted, emitted):
+def opening_checks(verification, target, target_name: str, accepted, emitted,
+                   new_counters: bool = True):
     """What every public function starts with: the verification mode and the target tensor
-    checked, the counters given or new: (device, accepted, emitted)."""
+    checked, the counters given or new: (device, accepted, emitted). ``new_counters`` False: the
+    counters given (None where not: the ops from logits return their counts)."""
     if verification not in VERIFICATIONS:
         raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{target_name} must be a tensor; got {type(target).__name__}")
     device = target.device
+    if not new_counters:
+        return device, accepted, emitted
     batch = target.shape[0] if target.dim() > 0 else 0
     return (device, *_counters(accepted, emitted, batch, device))
 
@@ -210,7 +215,8 @@ def chain_speculative_sampling_from_logits(
     """
     device, accepted, emitted = opening_checks(verification, target_logits, "target_logits",
                                                maybe_output_accepted_token_num,
-                                               maybe_output_emitted_draft_token_num)
+                                               maybe_output_emitted_draft_token_num,
+                                               new_counters=False)
     verifier = (_op.chain_speculative_sampling_from_logits_op if verification == "token"
                 else _block_op.chain_block_speculative_sampling_from_logits_op)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
@@ -224,17 +230,19 @@ def chain_speculative_sampling_from_logits(
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
-    if not torch.compiler.is_compiling():
+    if accepted is not None and emitted is not None and not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
     if lossy:
+        accepted, emitted = _counters(accepted, emitted, target_logits.shape[0], device)
         output = lossy_chain(verifier, draft_token_ids, target_logits, accepted, emitted, seed_t,
                              offset_t, list(parameters.values())[:4], adjustments,
                              processing_order, posterior_threshold, posterior_alpha,
                              acceptance_rate)
     else:
-        output = verifier(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
-                          emitted, seed_t, offset_t, *parameters.values(), *adjustments,
-                          processing_order)
+        output, *counts = verifier(draft_probs, draft_token_ids, target_logits, draft_logits,
+                                   seed_t, offset_t, *parameters.values(), *adjustments,
+                                   processing_order)
+        accepted, emitted = add_counts(accepted, emitted, *counts)
     return (output, accepted, emitted) + chain_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, output,
         list(parameters.values())[:4], adjustments, processing_order)

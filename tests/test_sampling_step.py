@@ -184,17 +184,16 @@ def test_a_bias_of_nan_or_inf_is_refused_under_validation(monkeypatch):
 
 def test_opcheck():
     target, draft, ids, bias, _, mask = step_inputs()
-    counters = lambda: (torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.int32))  # noqa
     params = tuple(PARAMETERS.values())
     seeds = (torch.tensor([3]), torch.tensor([0]))
     for op in (torch.ops.specops.chain_speculative_sampling_from_logits,
                torch.ops.specops.chain_block_speculative_sampling_from_logits):
-        torch.library.opcheck(op, (None, ids, target, draft, *counters(), *seeds, *params,
+        torch.library.opcheck(op, (None, ids, target, draft, *seeds, *params,
                                    None, None, None, None, bias, mask))
     flat_mask = mask.reshape(-1, mask.shape[-1])
     torch.library.opcheck(varlen_op.varlen_chain_speculative_sampling_from_logits_op, (
         None, ids.reshape(-1), target.reshape(-1, V), torch.arange(B + 1) * N, N, None,
-        *counters(), *seeds, *params, None, None, None, None, bias, flat_mask))
+        *seeds, *params, None, None, None, None, bias, flat_mask))
     torch.library.opcheck(torch.ops.specops.tree_speculative_sampling_from_logits, (
         None, ids, torch.arange(N).expand(B, N), target, None, *seeds, *params, True,
         None, None, None, None, bias, mask))
@@ -387,8 +386,7 @@ def test_opcheck_with_penalties():
     params = tuple(PARAMETERS.values())
     for op in (torch.ops.specops.chain_speculative_sampling_from_logits,
                torch.ops.specops.chain_block_speculative_sampling_from_logits):
-        torch.library.opcheck(op, (None, ids, target, draft, torch.zeros(B, dtype=torch.int32),
-                                   torch.zeros(B, dtype=torch.int32), *seeds, *params,
+        torch.library.opcheck(op, (None, ids, target, draft, *seeds, *params,
                                    None, None, None, None, None, None, *penalties))
     torch.library.opcheck(torch.ops.specops.tree_speculative_sampling_from_logits, (
         None, ids, torch.arange(N).expand(B, N), target, None, *seeds, *params, True,

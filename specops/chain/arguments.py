@@ -38,6 +38,8 @@ OP_NAMES = ArgumentNames()
 
 
 def _check_counter(name: str, counter, batch, device, reference: str) -> None:
+    if counter is None:  # the ops from logits return their counts instead
+        return
     require_tensor(name, counter)
     if counter.dim() != 1 or counter.shape[0] != batch:
         raise ValueError(f"{name} must have shape (batch_size,) = ({batch},); got {shape(counter)}")
@@ -71,14 +73,15 @@ def check_arguments(
     draft_probs: torch.Tensor | None,
     draft_token_ids: torch.Tensor,
     target_probs: torch.Tensor,
-    accepted_num: torch.Tensor,
-    emitted_num: torch.Tensor,
+    accepted_num: torch.Tensor | None,
+    emitted_num: torch.Tensor | None,
     seed: torch.Tensor,
     offset: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
 ) -> None:
     """Raise ValueError (shapes, devices, stride 0) or TypeError (types, dtypes) naming the
-    offending argument as the caller called it (``names``).
+    offending argument as the caller called it (``names``). A counter None is not checked (the
+    ops from logits return their counts).
 
     One pass of cheap comparisons decides that all is well; only when it fails does the slow path
     look for the first problem and build its message (same checks, in order).
@@ -87,8 +90,12 @@ def check_arguments(
         shape = target_probs.shape
         device = target_probs.device
         batch = shape[0]
-        counters_ok = ((accepted_num.is_contiguous() or accepted_num.stride(0) != 0)
-                       and (emitted_num.is_contiguous() or emitted_num.stride(0) != 0))
+        counters_ok = all(
+            counter is None
+            or (counter.shape == (batch,) and counter.dtype in INDEX_DTYPES
+                and counter.device == device
+                and (counter.is_contiguous() or counter.stride(0) != 0))
+            for counter in (accepted_num, emitted_num))
         ok = (len(shape) == 3 and shape[1] >= 1 and shape[2] >= 1
               and target_probs.dtype in PROB_DTYPES
               and draft_token_ids.shape == (batch, shape[1] - 1)
@@ -97,10 +104,6 @@ def check_arguments(
                    or (draft_probs.shape == (batch, shape[1] - 1, shape[2])
                        and draft_probs.dtype == target_probs.dtype
                        and draft_probs.device == device))
-              and accepted_num.shape == (batch,) and accepted_num.dtype in INDEX_DTYPES
-              and accepted_num.device == device
-              and emitted_num.shape == (batch,) and emitted_num.dtype in INDEX_DTYPES
-              and emitted_num.device == device
               and counters_ok
               and seed.dim() == 1 and (seed.shape[0] == 1 or seed.shape[0] == batch)
               and seed.dtype == torch.int64 and seed.device == device

@@ -17,14 +17,12 @@ from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
 from ..core.ops.checks import (device_error, dtype_error, dtype_name, first_bad_index,
                                require_tensor, shape)
-from .arguments import (PROB_DTYPES, ArgumentNames, check_arguments, check_counters_apart,
-                        check_values)
+from .arguments import PROB_DTYPES, ArgumentNames, check_arguments, check_values
 
 SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, Tensor? draft_logits, "
-    "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
-    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
-    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> Tensor"
+    "Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -96,30 +94,33 @@ def check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logit
     step.check_adjustment_values(adjustments)
 
 
-MUTATES_ARGS = ("accepted_num", "emitted_num")
-
-
-def check(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num, emitted_num,
-          seed, offset, *rest) -> None:
-    """The registered op's argument check: ``check_logits_arguments`` and counters apart; errors
-    name the schema's arguments."""
+def check(draft_probs, draft_token_ids, target_logits, draft_logits, seed, offset, *rest) -> None:
+    """The registered op's argument check (``check_logits_arguments``); errors name the schema's
+    arguments."""
     parameters, given, order = step.split_trailing(rest)
-    check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
-                           accepted_num, emitted_num, seed, offset, params.named(*parameters),
-                           adjustments=given)
+    check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, None, None,
+                           seed, offset, params.named(*parameters), adjustments=given)
     step.check_order(order)
-    check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
-def check_op_values(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
-                    emitted_num, seed, offset, *rest) -> None:
+def check_op_values(draft_probs, draft_token_ids, target_logits, draft_logits, seed, offset,
+                    *rest) -> None:
     """The registered op's SPECOPS_VALIDATE=1 check (``check_logits_values``)."""
     parameters, given, _ = step.split_trailing(rest)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
                         params.named(*parameters), adjustments=given)
 
 
-def outputs(draft_probs, draft_token_ids, target_logits, *rest) -> torch.Tensor:
-    """output_token_ids, empty: (B, N + 1) int32."""
+# The op returns this call's counts: its backends take the two counters after draft_logits.
+COUNTS_AT = 4
+
+
+def batch_size(draft_probs, draft_token_ids, *rest) -> int:
+    return draft_token_ids.shape[0]
+
+
+def outputs(draft_probs, draft_token_ids, target_logits, *rest):
+    """output_token_ids (B, N + 1) and this call's counts accepted, emitted (B,), empty, int32."""
     batch, num_draft = draft_token_ids.shape
-    return target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32)
+    return (target_logits.new_empty((batch, num_draft + 1), dtype=torch.int32),
+            *(target_logits.new_empty(batch, dtype=torch.int32) for _ in range(2)))

@@ -75,8 +75,6 @@ def lossy_chain(exact_op, draft_token_ids, target_logits, accepted_num, emitted_
         before = torch.arange(num_draft, device=ids.device) < length[:, None]
         counts = generated_counts(counts, ids, before)
     last_step = step._replace(allowed_token_bitmask=last_mask, output_token_counts=counts)
-    scratch = torch.zeros(2, batch, dtype=torch.int32, device=ids.device)
-    last = exact_op(None, ids[:, :0], last_rows, None, scratch[0], scratch[1], seed, offset,
-                    temperature, *parameters[1:], None, None, None, None, *last_step,
-                    order)[:, 0]
+    last = exact_op(None, ids[:, :0], last_rows, None, seed, offset, temperature,
+                    *parameters[1:], None, None, None, None, *last_step, order)[0][:, 0]
     return lossy_outputs(ids, kept, last, accepted_num, emitted_num)

@@ -23,3 +23,12 @@ def write_outputs(ids: torch.Tensor, kept: torch.Tensor, token: torch.Tensor,
     accepted_num.add_(accepted.sum(dim=1).to(accepted_num.dtype))
     emitted_num.add_(kept.to(emitted_num.dtype))
     return output
+
+
+def add_counts(accepted_num: torch.Tensor | None, emitted_num: torch.Tensor | None,
+               accepted: torch.Tensor, emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A public function's counters after an op from logits, which returns this call's counts
+    accepted and emitted (B,) int32: each counter given added to in place, in its own dtype; the
+    counts themselves where none was given."""
+    return tuple(counts if counter is None else counter.add_(counts)
+                 for counter, counts in ((accepted_num, accepted), (emitted_num, emitted)))

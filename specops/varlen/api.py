@@ -10,6 +10,7 @@ import torch
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
 from ..chain.arguments import check_counters_apart
 from ..chain.lossy import lossy_chain
+from ..chain.outputs import add_counts
 from ..core.logits.acceptance import check_lossy
 from ..chain.token.op import chain_speculative_sampling_from_logits_op
 from ..core.logits import adjustments as step
@@ -28,13 +29,17 @@ NAMES = Names(PUBLIC_NAMES)
 LOGITS_NAMES = Names(PUBLIC_NAMES._replace(target_probs="target_logits"))
 
 
-def _opening(verification, target, target_name, cu, accepted, emitted):
-    """The verification mode checked, the counters given or new (B from ``cu``'s length)."""
+def _opening(verification, target, target_name, cu, accepted, emitted, new_counters=True):
+    """The verification mode checked, the counters given or new (B from ``cu``'s length);
+    ``new_counters`` False: the counters given (None where not: the ops from logits return their
+    counts)."""
     if verification not in VERIFICATIONS:
         raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
     require_tensor(target_name, target)
     require_tensor(NAMES.cu_num_draft_tokens, cu)
     batch = max(cu.shape[0] - 1, 0) if cu.dim() == 1 else 0
+    if not new_counters:
+        return target.device, accepted, emitted
     if accepted is None:
         accepted = torch.zeros(batch, dtype=torch.int32, device=target.device)
     if emitted is None:
@@ -135,7 +140,8 @@ def chain_speculative_sampling_from_logits(
     lossy acceptance included."""
     device, accepted, emitted = _opening(verification, target_logits, "target_logits",
                                          cu_num_draft_tokens, maybe_output_accepted_token_num,
-                                         maybe_output_emitted_draft_token_num)
+                                         maybe_output_emitted_draft_token_num,
+                                         new_counters=False)
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     parameters = params.as_parameters(device, temperature, top_k, top_p, min_p,
                                       draft_temperature, draft_top_k, draft_top_p, draft_min_p)
@@ -148,9 +154,11 @@ def chain_speculative_sampling_from_logits(
     check_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
-    if not torch.compiler.is_compiling():
+    if accepted is not None and emitted is not None and not torch.compiler.is_compiling():
         check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
     if lossy:  # as the padded batch the layout stands for, read where the rows are
+        accepted, emitted = _opening(verification, target_logits, "target_logits",
+                                     cu_num_draft_tokens, accepted, emitted)[1:]
         output = lossy_chain(
             chain_speculative_sampling_from_logits_op, draft_token_ids, target_logits, accepted,
             emitted, seed_t, offset_t, list(parameters.values())[:4], adjustments,
@@ -159,9 +167,11 @@ def chain_speculative_sampling_from_logits(
     else:
         verifier = (varlen_chain_speculative_sampling_from_logits_op if verification == "token"
                     else varlen_chain_block_speculative_sampling_from_logits_op)
-        output = verifier(draft_probs, draft_token_ids, target_logits, cu_num_draft_tokens,
-                          max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
-                          *parameters.values(), *adjustments, processing_order)
+        output, *counts = verifier(draft_probs, draft_token_ids, target_logits,
+                                   cu_num_draft_tokens, max_num_draft_tokens, draft_logits,
+                                   seed_t, offset_t, *parameters.values(), *adjustments,
+                                   processing_order)
+        accepted, emitted = add_counts(accepted, emitted, *counts)
     return (output, accepted, emitted) + varlen_logprobs(
         logprobs, num_top_logprobs, target_logits, draft_token_ids, cu_num_draft_tokens, output,
         list(parameters.values())[:4], adjustments, processing_order)

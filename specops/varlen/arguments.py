@@ -165,11 +165,13 @@ SCHEMA = (
 LOGITS_SCHEMA = (
     "(Tensor? draft_probs, Tensor draft_token_ids, Tensor target_logits, "
     "Tensor cu_num_draft_tokens, SymInt max_num_draft_tokens, Tensor? draft_logits, "
-    "Tensor(a!) accepted_num, Tensor(b!) emitted_num, Tensor seed, Tensor offset, "
-    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
-    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> Tensor"
+    "Tensor seed, Tensor offset, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+    f"{params.DRAFT_SCHEMA}, {step.SCHEMA}) -> (Tensor, Tensor, Tensor)"
 )
 MUTATES_ARGS = ("accepted_num", "emitted_num")
+# The ops from logits return this call's counts: their backends take the two counters after
+# draft_logits.
+COUNTS_AT = 6
 
 
 def check(draft_probs, draft_token_ids, target_probs, cu, max_num_draft_tokens, accepted_num,
@@ -187,18 +189,16 @@ def check_op_values(draft_probs, draft_token_ids, target_probs, cu, max_num_draf
 
 
 def check_logits(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                 draft_logits, accepted_num, emitted_num, seed, offset, *rest) -> None:
+                 draft_logits, seed, offset, *rest) -> None:
     parameters, given, order = step.split_trailing(rest)
     check_logits_layout(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                        draft_logits, accepted_num, emitted_num, seed, offset,
-                        params.named(*parameters), OP_LOGITS_NAMES, given)
+                        draft_logits, None, None, seed, offset, params.named(*parameters),
+                        OP_LOGITS_NAMES, given)
     step.check_order(order)
-    check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num)
 
 
 def check_logits_op_values(draft_probs, draft_token_ids, target_logits, cu, max_num_draft_tokens,
-                           draft_logits, accepted_num, emitted_num, seed, offset,
-                           *rest) -> None:
+                           draft_logits, seed, offset, *rest) -> None:
     parameters, given, _ = step.split_trailing(rest)
     check_layout_values(draft_token_ids, cu, max_num_draft_tokens, OP_LOGITS_NAMES)
     check_logits_values(draft_probs, draft_token_ids, target_logits, draft_logits,
@@ -223,3 +223,13 @@ def outputs(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens, *res
     """output_token_ids, empty: (B, max_num_draft_tokens + 1) int32: its width from the int, so
     one graph serves every mix of lengths."""
     return target.new_empty((cu.shape[0] - 1, max_num_draft_tokens + 1), dtype=torch.int32)
+
+
+def batch_size(draft_probs, draft_token_ids, target, cu, *rest) -> int:
+    return cu.shape[0] - 1
+
+
+def logits_outputs(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens, *rest):
+    """``outputs`` and this call's counts accepted, emitted (B,), empty, int32."""
+    return (outputs(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens),
+            *(target.new_empty(cu.shape[0] - 1, dtype=torch.int32) for _ in range(2)))

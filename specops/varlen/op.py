@@ -14,8 +14,9 @@ from ..chain.token.cpu import (chain_speculative_sampling_cpu,
 from ..chain.token.reference import (chain_speculative_sampling_from_logits_reference,
                                      chain_speculative_sampling_reference)
 from ..core.ops.registry import Backends, imported_on_first_use, register_op
-from .arguments import (LOGITS_SCHEMA, MUTATES_ARGS, SCHEMA, check, check_logits,
-                        check_logits_op_values, check_op_values, outputs)
+from .arguments import (COUNTS_AT, LOGITS_SCHEMA, MUTATES_ARGS, SCHEMA, batch_size, check,
+                        check_logits, check_logits_op_values, check_op_values, logits_outputs,
+                        outputs)
 from .layout import on_padded_batch
 
 
@@ -37,8 +38,10 @@ def _register(qualname, reference, cpu, module, launcher, logits):
     return register_op(
         qualname, LOGITS_SCHEMA if logits else SCHEMA,
         check=check_logits if logits else check,
-        check_values=check_logits_op_values if logits else check_op_values, outputs=outputs,
-        mutates_args=MUTATES_ARGS,
+        check_values=check_logits_op_values if logits else check_op_values,
+        outputs=logits_outputs if logits else outputs,
+        mutates_args=() if logits else MUTATES_ARGS,
+        counts=(COUNTS_AT, batch_size) if logits else None,
         backends=Backends(reference=on_padded_batch(reference, logits),
                           cpu=on_padded_batch(cpu, logits),
                           triton=_flattened(module, launcher)))

@@ -26,7 +26,7 @@ chain_block_speculative_sampling_op = register_op(
 chain_block_speculative_sampling_from_logits_op = register_op(
     "specops::chain_block_speculative_sampling_from_logits", from_logits.SCHEMA,
     check=from_logits.check, check_values=from_logits.check_op_values,
-    outputs=from_logits.outputs, mutates_args=from_logits.MUTATES_ARGS,
+    outputs=from_logits.outputs, counts=(from_logits.COUNTS_AT, from_logits.batch_size),
     backends=Backends(reference=block_speculative_sampling_from_logits_reference,
                       cpu=block_speculative_sampling_from_logits_cpu,
                       triton=imported_on_first_use(

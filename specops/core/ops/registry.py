@@ -57,7 +57,8 @@ def imported_on_first_use(module: str, name: str) -> Callable[[], Callable]:
 
 def register_op(qualname: str, schema: str, *, check: Callable, check_values: Callable,
                 backends: Backends, outputs: Callable, mutates_args: tuple[str, ...] = (),
-                backend_arguments: int | None = None) -> torch._ops.OpOverload:
+                backend_arguments: int | None = None,
+                counts: tuple[int, Callable] | None = None) -> torch._ops.OpOverload:
     """Define ``torch.ops.<qualname>`` (``schema``) and return its overload.
 
     ``check``, ``check_values`` and ``outputs`` take the schema's arguments in order (trailing
@@ -67,6 +68,12 @@ def register_op(qualname: str, schema: str, *, check: Callable, check_values: Ca
     (None: all of them). The fake runs ``check`` too, so that bad input raises the same error at
     trace time, and returns ``outputs``' empty tensors. custom_op bumps the versions of the
     ``mutates_args`` tensors on every call, so autograd sees them change.
+
+    ``counts`` = (index, batch_size): the op returns (tokens, accepted, emitted), this call's
+    counts (B,) int32, where its backends add to two counters in place: the kernel passes them
+    new zeros, inserted at ``index`` of the arguments, B = ``batch_size(*args)``. (custom_op runs
+    a mutating op through a Python kernel whose cost grows with the square of the schema's
+    length: docs/internals/decisions.md.)
     """
 
     def kernel(*args):
@@ -75,7 +82,14 @@ def register_op(qualname: str, schema: str, *, check: Callable, check_values: Ca
             check_values(*args)
         # check has put every tensor on one device: the first one's.
         device = next(arg.device for arg in args if isinstance(arg, torch.Tensor))
-        return backends.run(device, *args[:backend_arguments])
+        if counts is None:
+            return backends.run(device, *args[:backend_arguments])
+        index, batch_size = counts
+        accepted, emitted = (torch.zeros(batch_size(*args), dtype=torch.int32, device=device)
+                             for _ in range(2))
+        tokens = backends.run(device, *args[:index], accepted, emitted,
+                              *args[index:backend_arguments])
+        return tokens, accepted, emitted
 
     def fake(*args):
         check(*args)
