@@ -103,7 +103,6 @@ def inputs(batch=4, num_draft=3, vocab=40, seed=0):
 
 def op_args(target, draft, ids, draft_source, temperature=(0.7,), top_k=(5,), top_p=(0.9,),
             min_p=(0.05,)):
-    batch = target.shape[0]
     q = torch.softmax(draft, -1) if draft_source == "probs" else None
     logits = draft if draft_source == "logits" else None
     return (q, ids, target, logits, torch.tensor([5]), torch.tensor([0]),
