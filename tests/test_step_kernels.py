@@ -332,6 +332,33 @@ def test_a_trees_paths_count_what_each_row_counts(shape):
     assert torch.equal(counted, tree_generated(counts, ids, parents))
 
 
+def test_step_0_at_a_few_tokens_counts_each_rows_list():
+    """``rule.adjusted_at`` (rule step 0 at K tokens a row, each row's generated ids a list) gives
+    the adjusted rows' values at the tokens: lists with repeats, ids outside [0, V) ending a list,
+    rows counting their first p ids. Its count takes memory of the lists' and tokens' size, not
+    K * L a row (a tree of M nodes passes its M children a row and M-long paths)."""
+    from specops.core.logits.rule import adjusted_at, adjusted_logits, listed_generated
+
+    g = torch.Generator().manual_seed(11)
+    batch, positions, k, length = 2, 40, 39, 39
+    x = torch.randn(batch, positions, V, generator=g)
+    ids = torch.randint(0, V, (batch, positions, k), generator=g)
+    lists = torch.randint(0, 12, (batch, positions, length), generator=g)  # with repeats
+    lists[0, :, 30] = V  # an id outside [0, V) ends request 0's lists
+    counts = torch.randint(0, 3, (batch, V), generator=g)
+    step = Step(repetition_penalty=torch.tensor([1.3]),
+                frequency_penalty=torch.tensor([0.2, 0.5]), presence_penalty=torch.tensor([0.1]),
+                output_token_counts=counts,
+                prompt_token_mask=torch.rand(batch, V, generator=g) < 0.3)
+    dense = adjusted_logits(x, penalties=step.penalties(),
+                            generated=listed_generated(counts, lists))
+    with Allocations() as seen:
+        got = adjusted_at(x.gather(-1, ids), ids, V, step, lists=lists)
+    assert torch.equal(got, dense.gather(-1, ids))
+    largest = max(torch.Size(shape).numel() for shape, _ in seen.made)
+    assert largest <= batch * positions * max(k, length), largest
+
+
 @pytest.mark.parametrize("layout", ["chain", "tree", "flattened"])
 def test_logprobs_apply_step_0_as_they_read(monkeypatch, layout):
     """The logprobs op's Triton path (and each row's entropy) with rule step 0 (each row's drafts or

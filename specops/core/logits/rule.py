@@ -346,8 +346,12 @@ def adjusted_at(x: torch.Tensor, ids: torch.Tensor, vocab: int, step: Step,
         counted = (((lists >= 0) & (lists < vocab)).int().cumprod(dim=-1).bool()
                    & (torch.arange(positions, device=ids.device)[:, None]
                       > torch.arange(length, device=ids.device)))
-        count = count + ((lists[:, :, None, :] == ids[..., None])
-                         & counted[:, :, None, :]).sum(dim=-1).int()
+        # Each token's occurrences in its row's sorted list (-1 where not counted): (B, P, L)
+        # and (B, P, K) values, where comparing every token with every id would be K * L a row.
+        listed = torch.where(counted, lists.long(), -1).sort(dim=-1).values
+        listed, wanted = listed.view(batch * positions, length), ids.long().view(batch * positions, k)
+        count = count + (torch.searchsorted(listed, wanted, right=True)
+                         - torch.searchsorted(listed, wanted)).view(ids.shape).int()
 
     def each(value):  # a request's penalty, one row a "request" of K tokens
         return value if value.shape[0] == 1 else value.repeat_interleave(positions)
