@@ -201,6 +201,32 @@ def test_opcheck_with_the_drafts_own_parameters(op):
                                torch.tensor([0.1])))
 
 
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_the_ops_return_counts_the_functions_add_to_the_counters_given(verification):
+    """The ops from logits mutate nothing (torch's wrapper of a mutating op costs a time that
+    grows with the square of the schema's length): they return this call's counts, which the
+    public functions add to each counter given, in its dtype, or return where none is given."""
+    op = OP if verification == "token" else BLOCK_OP
+    assert not op.default._schema.is_mutable
+    target, draft, _ = inputs()
+    ids = draft.argmax(dim=-1)  # likely kept: counts that are not all 0
+    out, accepted, emitted = op(*op_args(target, draft, ids, "logits"))
+    assert accepted.dtype == emitted.dtype == torch.int32 and int(emitted.sum()) > 0
+    given = torch.full((4,), 10, dtype=torch.int64)
+    for calls in (1, 2):
+        got = specops.chain_speculative_sampling_from_logits(
+            None, ids, target, given, draft_logits=draft, temperature=0.7, top_k=5, top_p=0.9,
+            min_p=0.05, seed=5, verification=verification)
+        assert torch.equal(got[0], out) and got[1] is given
+        assert torch.equal(given, 10 + calls * accepted) and torch.equal(got[2], emitted)
+    given = torch.full((4,), 10, dtype=torch.int32)
+    flat = specops.varlen.chain_speculative_sampling_from_logits(
+        None, ids.reshape(-1), target.reshape(-1, target.shape[-1]), torch.arange(5) * 3, 3,
+        None, given, draft_logits=draft.reshape(-1, target.shape[-1]), temperature=0.7, top_k=5,
+        top_p=0.9, min_p=0.05, seed=5, verification=verification)
+    assert torch.equal(flat[1], accepted) and torch.equal(given, 10 + emitted)
+
+
 def test_public_function_matches_the_op_and_numbers_match_tensors():
     target, draft, ids = inputs()
     args = op_args(target, draft, ids, "logits")
