@@ -16,8 +16,9 @@ On a CPU a question about the data costs no host synchronisation, so this path a
   * a few rows (a single request's, say) are decided on the host (``few_rows``): each step is a
     threshold on the weights, so one threshold per row replaces the boolean masks, the exact
     masses are summed on the host from the chunk masses, and top-p ranks only the weights near
-    its goal (a histogram of each row's mass by float32 bucket finds them, in one pass); at that
-    size the fixed cost of each torch operation is most of the cost.
+    its goal (a histogram of each row's mass by float32 bucket finds them, in one pass), or,
+    on short rows, weighs every rank in one pass; at that size the fixed cost of each torch
+    operation is most of the cost.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ FEW_ROWS = 32
 FIRST_RANKS = 256
 # Top-p's exact masses taken in one pass over the rows, per row.
 CANDIDATES = 8
+# Rows (R, V) with R * V * V up to this take every rank's exact mass in one pass: a row of one
+# chunk, few enough values to weigh each rank at once (V = 16 and 32 for a single request).
+EVERY_RANK = 2**15
 # Top-p's histogram of a row's mass: a weight's bucket is the top 13 bits of its float32 bits
 # (sign, exponent, 4 bits of mantissa), 16 buckets an octave, ordered as the weights (>= 0) are;
 # every finite float32 >= 0 falls below BUCKETS.
@@ -217,6 +221,25 @@ def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
     return [(a, v.sort(descending=True).values.tolist()) for a, v in zip(above, values)]
 
 
+def top_p_at_every_rank(kept: torch.Tensor, goals: list[float]
+                        ) -> list[tuple[float, float]] | None:
+    """``top_p_thresholds`` of short rows (R, V), R * V * V <= EVERY_RANK: the kept mass W(t) at
+    every weight t of every row in one pass, summed as ``masses_at`` sums them (one chunk: the
+    float32 sum is the exact mass), then each row's first weight in descending order whose W
+    reaches the goal."""
+    ranked = kept.sort(dim=-1, descending=True).values
+    rows = kept[:, None, :]
+    masses = torch.where(rows >= ranked[:, :, None], rows, 0.0).sum(-1)
+    answers = []
+    for values, reached, goal in zip(ranked.tolist(), masses.tolist(), goals):
+        # W at the smallest weight is the row's kept mass, which reaches the goal (P <= 1).
+        i = next((i for i, w in enumerate(reached) if w >= goal), None)
+        if i is None:
+            return None
+        answers.append((values[i], reached[i]))
+    return answers
+
+
 def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
                      largest: list[list[float]] | None = None
                      ) -> list[tuple[float, float]] | None:
@@ -236,6 +259,8 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
     margin's end, checked)."""
     rows, vocab = kept.shape
     goals = [p * w for p, w in zip(top_p, total)]
+    if rows * vocab * vocab <= EVERY_RANK:
+        return top_p_at_every_rank(kept, goals)
     near = ([(0.0, values) for values in largest] if largest is not None else
             near_the_goal(kept, goals, total) if vocab > FIRST_RANKS else None)
     ranks = 0  # how many torch.topk ranked
