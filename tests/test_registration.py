@@ -254,6 +254,8 @@ def _sevens(*args):
     sevens = torch.full((3, 3), 7, dtype=torch.int32)
     if args[2].dim() == 2:  # the tree's op: (draft, ids, parents, ...)
         return sevens, sevens[:, :2].clone(), sevens[:, 0].clone()
+    if len(args) > 8:  # an op from logits: the tokens and this call's counts
+        return sevens, sevens[:, 0].clone(), sevens[:, 0].clone()
     return sevens
 
 

@@ -37,8 +37,9 @@ class ArgumentNames(NamedTuple):
 OP_NAMES = ArgumentNames()
 
 
-def _check_counter(name: str, counter, batch, device, reference: str) -> None:
-    if counter is None:  # the ops from logits return their counts instead
+def _check_counter(name: str, counter, batch, device, reference: str,
+                   optional: bool = False) -> None:
+    if counter is None and optional:  # the ops from logits return their counts instead
         return
     require_tensor(name, counter)
     if counter.dim() != 1 or counter.shape[0] != batch:
@@ -78,10 +79,11 @@ def check_arguments(
     seed: torch.Tensor,
     offset: torch.Tensor,
     names: ArgumentNames = OP_NAMES,
+    counters_optional: bool = False,
 ) -> None:
     """Raise ValueError (shapes, devices, stride 0) or TypeError (types, dtypes) naming the
-    offending argument as the caller called it (``names``). A counter None is not checked (the
-    ops from logits return their counts).
+    offending argument as the caller called it (``names``). ``counters_optional``: a counter may
+    be None (the ops from logits take none and return their counts).
 
     One pass of cheap comparisons decides that all is well; only when it fails does the slow path
     look for the first problem and build its message (same checks, in order).
@@ -91,7 +93,7 @@ def check_arguments(
         device = target_probs.device
         batch = shape[0]
         counters_ok = all(
-            counter is None
+            (counter is None and counters_optional)
             or (counter.shape == (batch,) and counter.dtype in INDEX_DTYPES
                 and counter.device == device
                 and (counter.is_contiguous() or counter.stride(0) != 0))
@@ -113,11 +115,12 @@ def check_arguments(
         ok = False
     if not ok:
         _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num,
-                             emitted_num, seed, offset, names)
+                             emitted_num, seed, offset, names, counters_optional)
 
 
 def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                         seed, offset, names: ArgumentNames) -> None:
+                         seed, offset, names: ArgumentNames,
+                         counters_optional: bool = False) -> None:
     """The slow path of check_arguments: find the first problem and raise its error."""
     require_tensor(names.target_probs, target_probs)
     if target_probs.dim() != 3:
@@ -165,8 +168,10 @@ def _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_nu
         if draft_probs.device != device:
             raise device_error(names.draft_probs, draft_probs, device, names.target_probs)
 
-    _check_counter(names.accepted_num, accepted_num, batch, device, names.target_probs)
-    _check_counter(names.emitted_num, emitted_num, batch, device, names.target_probs)
+    _check_counter(names.accepted_num, accepted_num, batch, device, names.target_probs,
+                   counters_optional)
+    _check_counter(names.emitted_num, emitted_num, batch, device, names.target_probs,
+                   counters_optional)
     _check_seed_like(names.seed, seed, batch, device, names.target_probs)
     _check_seed_like(names.offset, offset, batch, device, names.target_probs)
 

@@ -40,11 +40,13 @@ def check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_lo
                            accepted_num, emitted_num, seed, offset, parameters: dict,
                            names: LogitsNames = OP_NAMES,
                            adjustments: step.Step = step.Step()) -> None:
-    """Shapes, dtypes and devices (the chain ops' checks, with the logits in the target's place),
-    the draft's one source, and the parameter tensors; errors name the argument."""
+    """Shapes, dtypes and devices (the chain ops' checks, with the logits in the target's place;
+    a counter may be None), the draft's one source, and the parameter tensors; errors name the
+    argument."""
     check_arguments(draft_probs=None, draft_token_ids=draft_token_ids,
                     target_probs=target_logits, accepted_num=accepted_num,
-                    emitted_num=emitted_num, seed=seed, offset=offset, names=names.chain)
+                    emitted_num=emitted_num, seed=seed, offset=offset, names=names.chain,
+                    counters_optional=True)
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
     if draft_probs is not None and draft_logits is not None:

@@ -55,7 +55,8 @@ def check_layout(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens,
                  logits: bool = False) -> int:
     """Shapes, dtypes, devices and the counters of a flattened batch: (T,) ids, (T + B, V) target
     rows, (B + 1,) cu, (T, V) draft rows; returns B. ``logits``: the target's rows are logits
-    (the draft's probabilities may then have any dtype the ops take)."""
+    (the draft's probabilities may then have any dtype the ops take, and a counter may be None:
+    the ops from logits take none)."""
     chain = names.chain
     require_tensor(chain.target_probs, target)
     if target.dim() != 2:
@@ -109,8 +110,8 @@ def check_layout(draft_probs, draft_token_ids, target, cu, max_num_draft_tokens,
             raise dtype_error(name, draft, PROB_DTYPES)
         if draft.device != device:
             raise device_error(name, draft, device, chain.target_probs)
-    _check_counter(chain.accepted_num, accepted_num, batch, device, chain.target_probs)
-    _check_counter(chain.emitted_num, emitted_num, batch, device, chain.target_probs)
+    _check_counter(chain.accepted_num, accepted_num, batch, device, chain.target_probs, logits)
+    _check_counter(chain.emitted_num, emitted_num, batch, device, chain.target_probs, logits)
     _check_seed_like(chain.seed, seed, batch, device, chain.target_probs)
     _check_seed_like(chain.offset, offset, batch, device, chain.target_probs)
     return batch
