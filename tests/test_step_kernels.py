@@ -278,7 +278,7 @@ def test_a_trees_kernels_apply_step_0_as_they_read(monkeypatch, verification):
                       offset, *parameters("temperature"), True, *(None,) * 4, *given, "vllm",
                       verification)
 
-    seeds = range(0, 30, 10)
+    seeds = (0, 10)
     written = {given: [call(given.adjusted(target, lambda counts: tree_generated(
         counts, ids, parents)), Step(), seed) for seed in seeds] for given in (step, unpenalised)}
     plain = [call(target, Step(), seed) for seed in seeds]
