@@ -9,6 +9,10 @@ import torch
 from ..core.logits import rule as params
 
 
+# The widest rows a faster ``process`` gets the target's and the draft's of together.
+SHORT_ROWS = 1024
+
+
 def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, parameters,
                      draft_parameters, process=params.processed_rows, step=params.Step(),
                      min_p_last=False):
@@ -21,15 +25,15 @@ def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, 
     target_logits = step.adjusted(
         target_logits, lambda counts: params.chain_generated(counts, draft_token_ids))
     drafts = params.drafts_own(draft_parameters, parameters)
-    if draft_logits is None or process is params.processed_rows:  # the rule, as stated
+    batch, positions, vocab = target_logits.shape
+    # A faster ``process`` (the CPU backends') gets short rows of the target and the draft in one
+    # call: each row is processed on its own, so the call's fixed cost, most of a single request's
+    # there, is paid once. (Long rows cost per byte, and more together than apart.)
+    if draft_logits is None or process is params.processed_rows or vocab > SHORT_ROWS:
         if draft_logits is not None:
             draft_probs = params.processed_requests(draft_logits, *drafts, process, min_p_last)
         return draft_probs, params.processed_requests(target_logits, *parameters, process,
                                                       min_p_last)
-    # A faster ``process`` (the CPU backends') gets the target's rows and the draft's in one call:
-    # each row is processed on its own, so a call's fixed cost, most of a single request's, is
-    # paid once.
-    batch, positions, vocab = target_logits.shape
     rows = torch.cat([target_logits.reshape(-1, vocab), draft_logits.reshape(-1, vocab)])
     values = (torch.cat([params.per_row(t, batch, positions),
                          params.per_row(d, batch, positions - 1)])
