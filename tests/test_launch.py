@@ -109,11 +109,13 @@ NO_NEW_KERNELS = r'''
 import json, sys
 import torch, triton
 import specops
+import specops.varlen
 
 VOCAB, NUM_DRAFT = 2048, 3
-first, verification, logits = sys.argv[1:4]
+first, verification, logits, layout = sys.argv[1:5]
 step = logits == "logits+step"  # with a logit bias, a grammar mask and every penalty
 logits = logits.startswith("logits")
+flattened = layout == "flattened"  # specops.varlen's calls, each request's rows stacked
 
 
 def call(draft, ids, target, acc, emit, **kwargs):
@@ -145,6 +147,23 @@ def call(draft, ids, target, acc, emit, **kwargs):
                 top_k=5, top_p=0.9, min_p=0.01, draft_logits=draft if source == "logits" else None,
                 with_replacement=batch % 2 == 0, **rule, **kwargs)
         return
+    if flattened:
+        rows = lambda t: None if t is None else t.reshape(-1, t.shape[-1])  # noqa: E731
+        layout = (torch.arange(batch + 1) * n, n)
+        if "allowed_token_bitmask" in kwargs:
+            kwargs["allowed_token_bitmask"] = rows(kwargs["allowed_token_bitmask"])
+        if not logits:
+            specops.varlen.chain_speculative_sampling(rows(draft), ids.reshape(-1), rows(target),
+                                                      *layout, acc, emit,
+                                                      verification=verification, **kwargs)
+            return
+        for source in (("probs", "logits") if draft is not None else (None,)):
+            specops.varlen.chain_speculative_sampling_from_logits(
+                rows(draft) if source == "probs" else None, ids.reshape(-1), rows(target),
+                *layout, acc, emit, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01,
+                draft_logits=rows(draft) if source == "logits" else None,
+                verification=verification, **kwargs)
+        return
     if not logits:
         specops.chain_speculative_sampling(draft, ids, target, acc, emit,
                                            verification=verification, **kwargs)
@@ -174,8 +193,9 @@ def calls(has_draft):
 
 if first == "warmup":
     specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
-                   verification=verification, logits=logits, logit_bias=step,
-                   allowed_token_bitmask=step, penalties=step, prompt_token_mask=step)
+                   verification=verification, logits=logits, flattened=flattened,
+                   logit_bias=step, allowed_token_bitmask=step, penalties=step,
+                   prompt_token_mask=step)
 else:  # one call of each kind
     for has_draft in (True, False):
         target = torch.rand(1, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
@@ -199,15 +219,17 @@ print(json.dumps({"loaded": loaded, "loaded_after": after - loaded,
 
 
 @pytest.mark.sm90
-@pytest.mark.parametrize("first,verification,logits", [
-    ("warmup", "token", "probs"), ("one call", "token", "probs"), ("warmup", "block", "probs"),
-    ("one call", "block", "probs"), ("warmup", "token", "logits"), ("warmup", "block", "logits"),
-    ("warmup", "tree", "probs"), ("one call", "tree", "probs"), ("warmup", "tree", "logits"),
-    ("warmup", "traversal", "probs"), ("warmup", "token", "logits+step"),
-    ("warmup", "tree", "logits+step"),
+@pytest.mark.parametrize("first,verification,logits,layout", [
+    ("warmup", "token", "probs", "padded"), ("one call", "token", "probs", "padded"),
+    ("warmup", "block", "probs", "padded"), ("one call", "block", "probs", "padded"),
+    ("warmup", "token", "logits", "padded"), ("warmup", "block", "logits", "padded"),
+    ("warmup", "tree", "probs", "padded"), ("one call", "tree", "probs", "padded"),
+    ("warmup", "tree", "logits", "padded"), ("warmup", "traversal", "probs", "padded"),
+    ("warmup", "token", "logits+step", "padded"), ("warmup", "block", "logits+step", "padded"),
+    ("warmup", "tree", "logits+step", "padded"), ("warmup", "token", "probs", "flattened"),
 ])
-def test_nothing_compiles_after_warm_up(first, verification, logits):
-    result = run_standin(NO_NEW_KERNELS, first, verification, logits)
+def test_nothing_compiles_after_warm_up(first, verification, logits, layout):
+    result = run_standin(NO_NEW_KERNELS, first, verification, logits, layout)
     # Token: the main kernel with and without draft_probs. Block: the row pass and the scan
     # kernel, each with and without draft_probs. From logits, token: the row statistics kernel,
     # and the main kernel reading logits with drafts from probabilities, from logits and neither;
@@ -221,7 +243,7 @@ def test_nothing_compiles_after_warm_up(first, verification, logits):
     expected = {("token", "logits+step"): 6, ("token", "probs"): 2, ("block", "probs"): 4, ("token", "logits"): 5,
                 ("block", "logits"): 8, ("tree", "probs"): 2, ("tree", "logits"): 5,
                 ("traversal", "probs"): 2, ("tree", "logits+step"): 6}
-    if (verification, logits) in expected:
+    if (verification, logits) in expected and layout == "padded":
         assert result["loaded"] == expected[verification, logits], result
     assert result["loaded_after"] == 0 and result["launches_after"] > 60, result
     assert result["loaded_unaligned"] >= 1, result
