@@ -46,10 +46,11 @@ def warmup(
     arguments, and both the single-program and the split launch are loaded together).  What does
     select one: the probability ``dtype``, ``draft_probs`` given (True) or None (False), the draft
     length through next_pow2(N + 1) (pass every ``num_draft`` the loop uses, e.g. ``range(1, 8)``),
-    the id and counter dtypes, and whether V and the rows are 16-byte aligned (so pass the model's
-    real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification`` ("token",
-    "block", "tree", "traversal" for ``tree_speculative_sampling(..., verification="traversal")``,
-    or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
+    the id and counter dtypes (from logits, the counter dtype does not apply: those ops count
+    in int32 counters of their own), and whether V and the rows are 16-byte aligned (so pass the
+    model's real ``vocab``; contiguous rows are aligned when V % 16 == 0), and ``verification``
+    ("token", "block", "tree", "traversal" for
+    ``tree_speculative_sampling(..., verification="traversal")``, or several), and ``logits``: True for ``chain_speculative_sampling_from_logits``
     (``dtype`` then the logits' dtype; drafts from ``draft_logits`` or, with ``draft_probs``, from
     draft probabilities of that dtype; the parameters as Python numbers or tensors of the dtypes
     numbers become, float32 and int64: a tensor of another dtype loads its kernel on first use;
@@ -125,6 +126,10 @@ def warmup(
                 layouts, steps):
             if step != steps[0] and not logit:  # step 0 is verification from logits' only
                 continue
+            if logit:  # the ops from logits count in int32 counters of their own
+                if counter_dt != counter_dtypes[0]:
+                    continue
+                counter_dt = torch.int32
             for source in sources[has_draft, logit]:
                 target = torch.zeros(1, n + 1, vocab, dtype=dt, device=device)
                 draft = torch.zeros(1, n, vocab, dtype=dt, device=device) if source else None

@@ -116,6 +116,8 @@ first, verification, logits, layout = sys.argv[1:5]
 step = logits == "logits+step"  # with a logit bias, a grammar mask and every penalty
 logits = logits.startswith("logits")
 flattened = layout == "flattened"  # specops.varlen's calls, each request's rows stacked
+# From logits, int64 counters: the ops count in int32 of their own, whatever the caller's dtype.
+counter_dtype = torch.int64 if logits else torch.int32
 
 
 def call(draft, ids, target, acc, emit, **kwargs):
@@ -182,7 +184,7 @@ def calls(has_draft):
         target = torch.rand(batch, NUM_DRAFT + 1, VOCAB, dtype=torch.bfloat16)
         draft = torch.rand(batch, NUM_DRAFT, VOCAB, dtype=torch.bfloat16) if has_draft else None
         ids = torch.randint(0, VOCAB, (batch, 2 * NUM_DRAFT))[:, ::2]
-        counters = torch.zeros(2 * batch, dtype=torch.int32)
+        counters = torch.zeros(2 * batch, dtype=counter_dtype)
         acc, emit = counters[::2], counters[1::2]
         per_request = torch.arange(batch, dtype=torch.int64)
         for seed, offset in ((None, None), (5, None), (5, 7), (torch.tensor([5]), None),
@@ -194,7 +196,7 @@ def calls(has_draft):
 if first == "warmup":
     specops.warmup("cpu", VOCAB, NUM_DRAFT, torch.bfloat16, draft_probs=(True, False),
                    verification=verification, logits=logits, flattened=flattened,
-                   logit_bias=step, allowed_token_bitmask=step, penalties=step,
+                   counter_dtype=counter_dtype, logit_bias=step, allowed_token_bitmask=step, penalties=step,
                    prompt_token_mask=step)
 else:  # one call of each kind
     for has_draft in (True, False):
