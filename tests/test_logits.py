@@ -483,6 +483,30 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
 
 
+@pytest.mark.parametrize("vocab", [20, 40, 100])
+def test_the_cpu_backends_rows_from_draft_logits_are_the_references(vocab):
+    """The target's and the draft's rows as the CPU backends process them (``processed_inputs``
+    with the host path) are the reference's bit for bit, at vocabularies that are not a multiple
+    of the vector width: exp2's vectorised body and its scalar tail round apart, so each tensor of
+    rows must be the one the reference processes (joining the draft's rows onto the target's
+    moved the tail)."""
+    from specops.chain.processed import processed_inputs
+
+    gen = torch.Generator().manual_seed(vocab)
+    for trial in range(30):
+        batch, num_draft = 1 + trial % 2, 1 + trial % 4
+        target = torch.randn(batch, num_draft + 1, vocab, generator=gen) * 2
+        draft = torch.randn(batch, num_draft, vocab, generator=gen) * 2
+        ids = torch.randint(0, vocab, (batch, num_draft), generator=gen)
+        parameters = (torch.rand(1, generator=gen) + 0.5, torch.tensor([trial % 7]),
+                      torch.rand(1, generator=gen, dtype=torch.float64), torch.tensor([0.0]))
+        expected = processed_inputs(None, ids, target, draft, parameters, (None,) * 4)
+        got = processed_inputs(None, ids, target, draft, parameters, (None,) * 4,
+                               logits_cpu.processed_rows)
+        for rows, want in zip(got, expected):
+            assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), trial
+
+
 @pytest.mark.parametrize("vocab", [16, 3000])
 @pytest.mark.parametrize("shared", [True, False], ids=["one-request", "per-row"])
 def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
@@ -507,7 +531,9 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         count = 1 if shared else n
         pick = lambda *values: torch.tensor(values)[
             torch.randint(len(values), (count,), generator=gen)].expand(n)
-        params = (pick(0.0, 0.5, 1.0, 2.0), pick(0, 1, 5, 50, vocab - 1, vocab),
+        # Temperatures that are not powers of 2: c = LOG2E / T rounds (once).
+        params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124),
+                  pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
         before = logits.clone()
         got = logits_cpu.few_rows(logits, *params)

@@ -4,13 +4,7 @@ logits") for the chain references and CPU backends. No op plumbing: the referenc
 
 from __future__ import annotations
 
-import torch
-
 from ..core.logits import rule as params
-
-
-# The widest rows a faster ``process`` gets the target's and the draft's of together.
-SHORT_ROWS = 1024
 
 
 def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, parameters,
@@ -24,24 +18,11 @@ def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, 
     draft_probs as given otherwise (None: one-hot drafts)."""
     target_logits = step.adjusted(
         target_logits, lambda counts: params.chain_generated(counts, draft_token_ids))
-    drafts = params.drafts_own(draft_parameters, parameters)
-    batch, positions, vocab = target_logits.shape
-    # A faster ``process`` (the CPU backends') gets short rows of the target and the draft in one
-    # call: each row is processed on its own, so the call's fixed cost, most of a single request's
-    # there, is paid once. (Long rows cost per byte, and more together than apart.)
-    if draft_logits is None or process is params.processed_rows or vocab > SHORT_ROWS:
-        if draft_logits is not None:
-            draft_probs = params.processed_requests(draft_logits, *drafts, process, min_p_last)
-        return draft_probs, params.processed_requests(target_logits, *parameters, process,
-                                                      min_p_last)
-    rows = torch.cat([target_logits.reshape(-1, vocab), draft_logits.reshape(-1, vocab)])
-    values = (torch.cat([params.per_row(t, batch, positions),
-                         params.per_row(d, batch, positions - 1)])
-              for t, d in zip(parameters, drafts))
-    out = process(rows, *values, min_p_last=min_p_last)
-    split = batch * positions
-    return (out[split:].view(batch, positions - 1, vocab),
-            out[:split].view(batch, positions, vocab))
+    target_probs = params.processed_requests(target_logits, *parameters, process, min_p_last)
+    if draft_logits is not None:
+        draft_probs = params.processed_requests(
+            draft_logits, *params.drafts_own(draft_parameters, parameters), process, min_p_last)
+    return draft_probs, target_probs
 
 
 def on_processed_rows(verify, process=params.processed_rows):

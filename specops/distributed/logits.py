@@ -143,7 +143,7 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     mode = torch.where(params.out_of_range(temperature, top_k, top_p, min_p) | (argmax < 0),
                        NO_MASS, mode)[:, None]
     local_argmax = (argmax - shard.start)[:, None]
-    facts = RowFacts(mode, peak, (params.LOG2E / temperature.float())[:, None],
+    facts = RowFacts(mode, peak, params.coefficient(temperature)[:, None],
                      kept_totals(shard, e, keep).log()[:, None], local_argmax)
 
     def kept(ids, _):
@@ -186,7 +186,7 @@ def shard_entropy(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p,
     x, valid, peak, argmax, e, keep = kept_shard(shard, logits, temperature, top_k, top_p, min_p,
                                                  searches, min_p_last)
     mass = kept_totals(shard, e, keep)
-    t = (x - peak) * (params.LOG2E / temperature.float())[:, None]
+    t = (x - peak) * params.coefficient(temperature)[:, None]
     weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
     weighted = all_reduce(weighted, dist.ReduceOp.SUM, shard.group)
     entropy = mass.log() - LN2 * weighted / mass

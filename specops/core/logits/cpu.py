@@ -120,9 +120,8 @@ def kept_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
 # ---------------------------------------------------------------------- a few rows, on the host
 
-# Rows up to which ``few_rows`` serves a call: a single request's target and draft rows (2N + 1)
-# for N up to 15.
-FEW_ROWS = 32
+# Rows up to which ``few_rows`` serves a call: a single request's N + 1 rows for N up to 15.
+FEW_ROWS = 16
 # The ranks top-p reads first on the host; more (8 times as many) only when these hold too little.
 FIRST_RANKS = 256
 # Top-p's exact masses taken in one pass over the rows, per row.

@@ -49,9 +49,16 @@ def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor 
     valid = torch.isfinite(x)
     if peak is None:
         peak = torch.where(valid, x, -torch.inf).amax(dim=-1, keepdim=True)
-    c = (LOG2E / temperature.float())[:, None]  # float32 division, correctly rounded
-    e = torch.where(valid, torch.exp2((x - peak) * c), 0.0)
+    e = torch.where(valid, torch.exp2((x - peak) * coefficient(temperature)[:, None]), 0.0)
     return valid, e
+
+
+def coefficient(temperature: torch.Tensor) -> torch.Tensor:
+    """c = LOG2E / T, float32, one correctly rounded division per value (the weights are
+    exp2((x - m) c)). A tensor divides a tensor: a Python number over a tensor is the tensor's
+    reciprocal times the number, rounded twice."""
+    t = temperature.float()
+    return torch.full_like(t, LOG2E) / t
 
 
 def greedy_rows(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
     mode = torch.where(t == 0, GREEDY, SAMPLED)
     mode = torch.where(rule.out_of_range(*params)[:, None] | (peak == -torch.inf), NO_MASS, mode)
     mass = rule.kept_mass(e, keep)
-    facts = RowFacts(mode, peak, rule.LOG2E / t.float(), mass.log()[:, None], index)
+    facts = RowFacts(mode, peak, rule.coefficient(t), mass.log()[:, None], index)
     ranked = torch.where(keep, x, -torch.inf) if num_top else None
     result = token_logprobs(lambda ids: rows.gather(1, ids).float(), vocab, facts, token_ids,
                             num_top, lambda ids, _: keep.gather(1, ids), ranked)
@@ -51,7 +51,7 @@ def token_logprobs_cpu(logits, token_ids, temperature, top_k, top_p, min_p, num_
 def row_entropy(x, peak, e, keep, mass, mode, temperature):
     """float32 (R,): H = ln W - ln 2 * sum (e / W) t over the kept tokens, t = (x - m) c the
     base-2 log of the weight e (a weight that underflows adds nothing); 0 unless sampled."""
-    t = (x - peak) * (rule.LOG2E / temperature.float()[:, None])
+    t = (x - peak) * rule.coefficient(temperature)[:, None]
     weighted = torch.where(keep & (e > 0), e.double() * t.double(), 0.0).sum(dim=-1)
     entropy = mass.log() - LN2 * weighted / mass
     return torch.where(mode == SAMPLED, entropy, 0.0).float()

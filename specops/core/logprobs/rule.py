@@ -34,7 +34,7 @@ def _logprob_rows(logits, temperature, top_k, top_p, min_p, min_p_last):
     valid, e, keep = rule.kept_weights(logits, temperature, top_k, top_p, min_p, min_p_last)
     x = torch.where(valid, logits.float(), -torch.inf)
     peak = x.amax(dim=-1, keepdim=True)
-    c = (rule.LOG2E / temperature.float())[:, None]  # as rule.weights has it
+    c = rule.coefficient(temperature)[:, None]  # as rule.weights has it
     log_e = ((x - peak) * c).double() * LN2
     sampled = torch.where(keep, log_e - rule.kept_mass(e, keep).log()[:, None], -torch.inf)
     greedy = torch.where(rule.greedy_rows(logits, valid) > 0, 0.0, -torch.inf).double()
