@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from .chain.arguments import ArgumentNames, check_arguments, check_counters_apart
+from .chain.arguments import ArgumentNames, check_arguments, counters_apart
 from .chain.block import op as _block_op
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
@@ -114,9 +114,7 @@ def chain_speculative_sampling(
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
-    # Under Dynamo the storage comparison cannot be traced; the op's fake implementation runs it.
-    if not torch.compiler.is_compiling():
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+    counters_apart(accepted, emitted, PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                       offset_t, deterministic)
     return output, accepted, emitted
@@ -230,8 +228,8 @@ def chain_speculative_sampling_from_logits(
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
-    if accepted is not None and emitted is not None and not torch.compiler.is_compiling():
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+    if accepted is not None and emitted is not None:
+        counters_apart(accepted, emitted, PUBLIC_NAMES)
     if lossy:
         accepted, emitted = _counters(accepted, emitted, target_logits.shape[0], device)
         output = lossy_chain(verifier, draft_token_ids, target_logits, accepted, emitted, seed_t,

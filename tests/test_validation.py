@@ -393,6 +393,31 @@ def test_aliased_counters_refused_at_trace_time(kind, fragment):
     assert any(type(e) is ValueError and fragment in str(e) for e in chain), [repr(e) for e in chain]
 
 
+@pytest.mark.parametrize("layout", ["padded", "flattened"])
+@pytest.mark.parametrize("kind,fragment", ALIAS_CASES)
+def test_aliased_counters_refused_from_logits_at_trace_time(layout, kind, fragment):
+    """The ops from logits take no counters: the public functions, which add the counts to them,
+    refuse counters that share memory under torch.compile too, naming their caller's arguments
+    (a stride 0 in their own traced check, which Dynamo reports as an observed exception with the
+    message; an overlap in the fake of the op that checks it)."""
+    import specops.varlen
+
+    args = good_args()
+    logits, ids = args["target_probs"].log(), args["draft_token_ids"]
+
+    def call(acc, emit):
+        if layout == "padded":
+            return specops.chain_speculative_sampling_from_logits(None, ids, logits, acc, emit,
+                                                                  seed=1)
+        return specops.varlen.chain_speculative_sampling_from_logits(
+            None, ids.reshape(-1), logits.reshape(-1, V), torch.arange(B + 1) * N, N, acc, emit,
+            seed=1)
+
+    chain = errors_while_tracing(call, *aliased_counters(kind))
+    assert any(fragment in str(e) and "maybe_output_accepted_token_num" in str(e)
+               for e in chain), [repr(e) for e in chain]
+
+
 def test_counters_in_one_buffer_without_overlap_are_fine():
     # Columns of one (B, 2) buffer, and halves of one buffer: no element shared, so allowed.
     args = good_args()

@@ -192,9 +192,32 @@ def check_counters_apart(
     """
     if torch._C._is_alias_of(accepted_num, emitted_num) and overlaps(accepted_num, emitted_num):
         raise ValueError(
-            f"{names.accepted_num} and {names.emitted_num} must not share memory: the op adds to "
-            "both in place; pass two separate tensors"
+            f"{names.accepted_num} and {names.emitted_num} must not share memory: each call adds "
+            "to both in place; pass two separate tensors"
         )
+
+
+def counters_apart(accepted_num: torch.Tensor, emitted_num: torch.Tensor,
+                   names: ArgumentNames = OP_NAMES) -> None:
+    """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``:
+    Dynamo cannot trace the storage comparison, so there the check runs at trace time in the fake
+    of an op that does nothing else (the ops from logits take no counters to check)."""
+    if torch.compiler.is_compiling():
+        _counters_apart(accepted_num, emitted_num, names.accepted_num, names.emitted_num)
+    else:
+        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num, names=names)
+
+
+def _check_apart(accepted_num, emitted_num, accepted_name, emitted_name) -> None:
+    check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num,
+                         names=ArgumentNames(accepted_num=accepted_name,
+                                             emitted_num=emitted_name))
+
+
+_counters_apart = torch.library.custom_op(
+    "specops::counters_apart", _check_apart, mutates_args=(),
+    schema="(Tensor accepted_num, Tensor emitted_num, str accepted_name, str emitted_name) -> ()")
+_counters_apart.register_fake(_check_apart)
 
 
 def _ids_shape_error(names: ArgumentNames, ids: torch.Tensor, target: torch.Tensor) -> ValueError:

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
-from ..chain.arguments import check_counters_apart
+from ..chain.arguments import counters_apart
 from ..chain.lossy import lossy_chain
 from ..chain.outputs import add_counts
 from ..core.logits.acceptance import check_lossy
@@ -87,8 +87,7 @@ def chain_speculative_sampling(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     check_layout(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
                  max_num_draft_tokens, accepted, emitted, seed_t, offset_t, NAMES)
-    if not torch.compiler.is_compiling():  # under Dynamo the op's fake runs it
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
+    counters_apart(accepted, emitted, NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_op if verification == "token"
                 else varlen_chain_block_speculative_sampling_op)
     output = verifier(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
@@ -154,8 +153,8 @@ def chain_speculative_sampling_from_logits(
     check_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
-    if accepted is not None and emitted is not None and not torch.compiler.is_compiling():
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
+    if accepted is not None and emitted is not None:
+        counters_apart(accepted, emitted, NAMES.chain)
     if lossy:  # as the padded batch the layout stands for, read where the rows are
         accepted, emitted = _opening(verification, target_logits, "target_logits",
                                      cu_num_draft_tokens, accepted, emitted)[1:]
