@@ -418,6 +418,30 @@ def test_aliased_counters_refused_from_logits_at_trace_time(layout, kind, fragme
                for e in chain), [repr(e) for e in chain]
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_step_refuses_counters_that_overlap_on_a_later_call(backend):
+    """Compiled with separate counters, a step still refuses overlapping ones on a later call
+    (Dynamo guards no storage overlap, so no new trace would see them): the check runs in the
+    compiled code, for verification from probabilities and from logits."""
+    args = good_args()
+    ids, probs = args["draft_token_ids"], args["target_probs"]
+
+    def step(acc, emit):
+        out = specops.chain_speculative_sampling(None, ids, probs, acc, emit, seed=1)[0]
+        return out, specops.chain_speculative_sampling_from_logits(None, ids, probs.log(), acc,
+                                                                   emit, seed=1)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    separate = [torch.zeros(B, dtype=torch.int32) for _ in range(2)]
+    eager = [torch.zeros(B, dtype=torch.int32) for _ in range(2)]
+    assert all(map(torch.equal, compiled(*separate), step(*eager)))
+    assert all(map(torch.equal, separate, eager))
+    buf = torch.zeros(B + 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="^maybe_output_accepted_token_num .*must not share"):
+        compiled(buf[:B], buf[1:])
+
+
 def test_counters_in_one_buffer_without_overlap_are_fine():
     # Columns of one (B, 2) buffer, and halves of one buffer: no element shared, so allowed.
     args = good_args()

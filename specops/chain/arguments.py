@@ -199,24 +199,29 @@ def check_counters_apart(
 
 def counters_apart(accepted_num: torch.Tensor, emitted_num: torch.Tensor,
                    names: ArgumentNames = OP_NAMES) -> None:
-    """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``:
-    Dynamo cannot trace the storage comparison, so there the check runs at trace time in the fake
-    of an op that does nothing else (the ops from logits take no counters to check)."""
+    """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``.
+    Dynamo cannot trace the storage comparison, so there an op runs it: its fake at trace time,
+    its kernel on every call of the compiled code (a later call may pass counters that overlap).
+    The op returns 0, added to accepted_num, so that compilers keep it: an op whose output nothing
+    uses is dead code to them."""
     if torch.compiler.is_compiling():
-        _counters_apart(accepted_num, emitted_num, names.accepted_num, names.emitted_num)
+        accepted_num.add_(_counters_apart(accepted_num, emitted_num, names.accepted_num,
+                                          names.emitted_num))
     else:
         check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num, names=names)
 
 
-def _check_apart(accepted_num, emitted_num, accepted_name, emitted_name) -> None:
+def _check_apart(accepted_num, emitted_num, accepted_name, emitted_name) -> torch.Tensor:
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num,
                          names=ArgumentNames(accepted_num=accepted_name,
                                              emitted_num=emitted_name))
+    return accepted_num.new_zeros(())
 
 
 _counters_apart = torch.library.custom_op(
     "specops::counters_apart", _check_apart, mutates_args=(),
-    schema="(Tensor accepted_num, Tensor emitted_num, str accepted_name, str emitted_name) -> ()")
+    schema="(Tensor accepted_num, Tensor emitted_num, str accepted_name, str emitted_name) "
+           "-> Tensor")
 _counters_apart.register_fake(_check_apart)
 
 
