@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..api import PUBLIC_NAMES, VERIFICATIONS, Number
+from ..api import PUBLIC_NAMES, VERIFICATIONS, Number, _counters
 from ..chain.arguments import check_counters_apart, counters_apart
 from ..chain.lossy import lossy_chain
 from ..chain.outputs import add_counts
@@ -37,14 +37,10 @@ def _opening(verification, target, target_name, cu, accepted, emitted, new_count
         raise ValueError(f'verification must be "token" or "block"; got {verification!r}')
     require_tensor(target_name, target)
     require_tensor(NAMES.cu_num_draft_tokens, cu)
-    batch = max(cu.shape[0] - 1, 0) if cu.dim() == 1 else 0
     if not new_counters:
         return target.device, accepted, emitted
-    if accepted is None:
-        accepted = torch.zeros(batch, dtype=torch.int32, device=target.device)
-    if emitted is None:
-        emitted = torch.zeros(batch, dtype=torch.int32, device=target.device)
-    return target.device, accepted, emitted
+    batch = max(cu.shape[0] - 1, 0) if cu.dim() == 1 else 0
+    return (target.device, *_counters(accepted, emitted, batch, target.device))
 
 
 def chain_speculative_sampling(
@@ -157,8 +153,8 @@ def chain_speculative_sampling_from_logits(
     if accepted is not None and emitted is not None:
         counters_apart(accepted, emitted, NAMES.chain)
     if lossy:  # as the padded batch the layout stands for, read where the rows are
-        accepted, emitted = _opening(verification, target_logits, "target_logits",
-                                     cu_num_draft_tokens, accepted, emitted)[1:]
+        accepted, emitted = _counters(accepted, emitted, cu_num_draft_tokens.shape[0] - 1,
+                                      device)
         output = lossy_chain(
             chain_speculative_sampling_from_logits_op, draft_token_ids, target_logits, accepted,
             emitted, seed_t, offset_t, list(parameters.values())[:4], adjustments,
