@@ -486,10 +486,10 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
 @pytest.mark.parametrize("vocab", [20, 40, 100])
 def test_the_cpu_backends_rows_from_draft_logits_are_the_references(vocab):
     """The target's and the draft's rows as the CPU backends process them (``processed_inputs``
-    with the host path) are the reference's bit for bit, at vocabularies that are not a multiple
-    of the vector width: exp2's vectorised body and its scalar tail round apart, so each tensor of
-    rows must be the one the reference processes (joining the draft's rows onto the target's
-    moved the tail)."""
+    with the host path, which processes a single request's target and draft rows at once) are the
+    reference's bit for bit, at vocabularies that are not a multiple of the vector width: exp2's
+    vectorised body and its scalar tail round apart, so the joined rows must take exp2 on each
+    set's rows apart (one exp2 over the joined rows moves the tail)."""
     from specops.chain.processed import processed_inputs
 
     gen = torch.Generator().manual_seed(vocab)
@@ -502,7 +502,7 @@ def test_the_cpu_backends_rows_from_draft_logits_are_the_references(vocab):
                       torch.rand(1, generator=gen, dtype=torch.float64), torch.tensor([0.0]))
         expected = processed_inputs(None, ids, target, draft, parameters, (None,) * 4)
         got = processed_inputs(None, ids, target, draft, parameters, (None,) * 4,
-                               logits_cpu.processed_rows)
+                               logits_cpu.processed_row_sets)
         for rows, want in zip(got, expected):
             assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), trial
 

@@ -8,24 +8,25 @@ from ..core.logits import rule as params
 
 
 def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, parameters,
-                     draft_parameters, process=params.processed_rows, step=params.Step(),
+                     draft_parameters, process=params.each_processed, step=params.Step(),
                      min_p_last=False):
     """The (draft_probs, target_probs) the chain rules verify: the target's logits under ``step``
     (rule step 0: grammar mask, logit bias, penalties with the drafts before each row counted as
     generated) processed by each request's parameters (temperature, top_k, top_p, min_p), and the
-    draft's when given by the draft's own (each None: the target's), by ``process`` (the rule of
-    core/logits/rule.py, or a faster way to the same rows), in the order ``min_p_last`` says;
-    draft_probs as given otherwise (None: one-hot drafts)."""
+    draft's when given by the draft's own (each None: the target's), by ``process`` (a
+    ``processed_request_sets`` process: the rule's rows of each set, or a faster way to the same
+    rows), in the order ``min_p_last`` says; draft_probs as given otherwise (None: one-hot
+    drafts)."""
     target_logits = step.adjusted(
         target_logits, lambda counts: params.chain_generated(counts, draft_token_ids))
-    target_probs = params.processed_requests(target_logits, *parameters, process, min_p_last)
+    sets = [(target_logits, parameters)]
     if draft_logits is not None:
-        draft_probs = params.processed_requests(
-            draft_logits, *params.drafts_own(draft_parameters, parameters), process, min_p_last)
-    return draft_probs, target_probs
+        sets.append((draft_logits, params.drafts_own(draft_parameters, parameters)))
+    processed = params.processed_request_sets(sets, process, min_p_last)
+    return (processed[1] if draft_logits is not None else draft_probs), processed[0]
 
 
-def on_processed_rows(verify, process=params.processed_rows):
+def on_processed_rows(verify, process=params.each_processed):
     """The from-logits backend of a verifier of probabilities: every row processed as
     ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows.
     Its arguments: the from-logits op's (chain/from_logits.py), then a launcher's split."""

@@ -260,4 +260,4 @@ def block_speculative_sampling_cpu(
 
 # Verification from logits: the rows processed (chain/processed.py), then the function above.
 block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu,
-                                                            logits_cpu.processed_rows)
+                                                            logits_cpu.processed_row_sets)

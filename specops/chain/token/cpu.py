@@ -218,4 +218,4 @@ def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, 
 
 # Verification from logits: the rows processed (chain/processed.py), then the function above.
 chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu,
-                                                            logits_cpu.processed_rows)
+                                                            logits_cpu.processed_row_sets)

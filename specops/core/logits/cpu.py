@@ -97,6 +97,22 @@ def processed_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     return out
 
 
+def processed_row_sets(sets: list[tuple], min_p_last: bool = False) -> list[torch.Tensor]:
+    """``rule.each_processed``: the rows of each set (rows (R, V) and R values each). The rows of
+    a single request's target and draft, few together, are processed in one pass of the host path
+    (``few_rows``), which costs about as much as one set's at that size; exp2 still runs on each
+    set's rows apart (``few_rows``' segments). Short rows only: on long ones the joined copy
+    costs more than the operations it saves."""
+    counts = [rows.shape[0] for rows, *_ in sets]
+    vocab = {rows.shape[1] for rows, *_ in sets}
+    if len(sets) > 1 and sum(counts) <= FEW_ROWS and len(vocab) == 1 and min(vocab) < SHORT:
+        joined = [torch.cat(parts) for parts in zip(*sets)]
+        out = few_rows(*joined, min_p_last, segments=counts)
+        if out is not None:
+            return list(out.split(counts))
+    return [processed_rows(*rows, min_p_last=min_p_last) for rows in sets]
+
+
 def kept_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False):
     """``rule.kept_weights``: the same (valid, e, keep), each step on the rows that need it."""
@@ -120,6 +136,10 @@ def kept_weights(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
 # ---------------------------------------------------------------------- a few rows, on the host
 
+# Rows shorter than this cost more per torch operation than per value: fewer, larger operations
+# serve them (one ``where`` for many thresholds; a target's and a draft's rows processed at once).
+# Longer rows are better served apart (measured: docs/internals/performance.md).
+SHORT = 2048
 # Rows up to which ``few_rows`` serves a call: a single request's N + 1 rows for N up to 15.
 FEW_ROWS = 16
 # The ranks top-p reads first on the host; more (8 times as many) only when these hold too little.
@@ -160,7 +180,7 @@ def kept_rows(e: torch.Tensor, thresholds: list[list[float]], in_place: bool = F
     width = len(thresholds[0])
     if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
         return e
-    if e.shape[-1] < 2048:
+    if e.shape[-1] < SHORT:
         t = torch.tensor(thresholds, dtype=torch.float32)[:, :, None]
         rows = e[:, None, :]
         return torch.where(rows >= t, rows, 0.0).view(-1, e.shape[-1])
@@ -329,11 +349,13 @@ def per_row(values: list[float]):
 
 
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-             top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False
-             ) -> torch.Tensor | None:
+             top_p: torch.Tensor, min_p: torch.Tensor, min_p_last: bool = False,
+             segments: list[int] | None = None) -> torch.Tensor | None:
     """``rule.processed_rows`` for a few rows, decided on the host; None when some row needs
     the general path (parameters out of range, a row without mass, a weight that is not a
-    number).
+    number). ``segments``: where the rows join sets the rule processes as tensors of their own,
+    their row counts: torch's CPU exp2 rounds a tensor's vectorised body and its scalar tail
+    apart, so each set's weights are taken on its own rows (a set with a bad logit: None).
 
     Each step keeps the weights at or above a threshold: min-p at M, top-k at its k-th largest
     weight (the k-th largest of all weights lies below M exactly when fewer than k pass M), top-p
@@ -352,14 +374,17 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
     valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)
     if all(greedy) and valid is None:  # ``rule.greedy_rows`` where every logit is valid
-        return torch.zeros(rows, vocab, dtype=torch.float32).index_put_(
-            (torch.arange(rows), x.argmax(dim=-1)), torch.ones((), dtype=torch.float32))
+        return one_hot_at_largest(x)
     if valid is None:  # ``rule.weights`` where every logit is valid
         peak = x.amax(dim=-1, keepdim=True)
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
         # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
         c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
-        e = torch.sub(x, peak).mul_(per_row(c)).exp2_()  # in place: fewer new pages
+        e = torch.sub(x, peak).mul_(per_row(c))  # in place: fewer new pages
+        for part in e.split(segments) if segments else (e,):
+            part.exp2_()
+    elif segments:
+        return None
     else:  # invalid logits weigh 0, below every threshold above 0 and adding nothing to a mass
         valid, e = rule.weights(logits, temperature)
 
@@ -395,6 +420,14 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
                              for w, g in zip(total, greedy)]))
     if any(greedy):
         which = torch.tensor(greedy)
-        out[which] = rule.greedy_rows(logits[which], valid[which] if valid is not None else
-                                      torch.ones((), dtype=torch.bool).expand(sum(greedy), vocab))
+        out[which] = (one_hot_at_largest(x[which]) if valid is None else
+                      rule.greedy_rows(logits[which], valid[which]))
     return out
+
+
+def one_hot_at_largest(x: torch.Tensor) -> torch.Tensor:
+    """``rule.greedy_rows`` of float32 rows (R, V) whose every logit is valid. ``max`` gives the
+    first of equal maxima as ``argmax`` does, several times faster on CPU rows."""
+    rows = x.shape[0]
+    return torch.zeros_like(x).index_put_((torch.arange(rows), x.max(dim=-1).indices),
+                                          torch.ones((), dtype=torch.float32))

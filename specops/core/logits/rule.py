@@ -153,12 +153,32 @@ def processed_requests(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     parameters (1 or B values each) applied to every row of it, by ``process`` (the rows (R, V)
     and R values each: ``processed_rows`` by default, or a faster way to the same rows), in the
     order ``min_p_last`` says."""
+    out = (process or processed_rows)(*request_rows(logits, (temperature, top_k, top_p, min_p)),
+                                      min_p_last=min_p_last)
+    return out.reshape(logits.shape)
+
+
+def request_rows(logits: torch.Tensor, parameters: tuple) -> tuple:
+    """Requests' rows of logits (B, rows, V) as rows (R, V), R = B * rows, and the parameters
+    (temperature, top_k, top_p, min_p: 1 or B values each) as R values each."""
     batch, rows, vocab = logits.shape
-    out = (process or processed_rows)(
-        logits.reshape(batch * rows, vocab), *(per_row(value, batch, rows)
-                                               for value in (temperature, top_k, top_p, min_p)),
-        min_p_last=min_p_last)
-    return out.reshape(batch, rows, vocab)
+    return (logits.reshape(batch * rows, vocab),
+            *(per_row(value, batch, rows) for value in parameters))
+
+
+def processed_request_sets(sets: list[tuple], process_sets=None, min_p_last: bool = False
+                           ) -> list[torch.Tensor]:
+    """``processed_requests`` of each (logits (B, rows, V), parameters) of ``sets`` (a target's
+    rows and a draft's, say), by ``process_sets``: from a list of ``request_rows``, the processed
+    rows (R, V) of each, in order; by default ``processed_rows`` of each, apart."""
+    flat = [request_rows(logits, parameters) for logits, parameters in sets]
+    out = (process_sets or each_processed)(flat, min_p_last)
+    return [rows.reshape(logits.shape) for rows, (logits, _) in zip(out, sets)]
+
+
+def each_processed(sets: list[tuple], min_p_last: bool = False) -> list[torch.Tensor]:
+    """``processed_rows`` of each (rows (R, V), temperature, top_k, top_p, min_p) in sets."""
+    return [processed_rows(*rows, min_p_last=min_p_last) for rows in sets]
 
 
 # ``processing_order``'s values, and whether each applies min-p last.
