@@ -507,15 +507,16 @@ def test_the_cpu_backends_rows_from_draft_logits_are_the_references(vocab):
             assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), trial
 
 
-@pytest.mark.parametrize("vocab", [16, 3000])
+@pytest.mark.parametrize("vocab", [16, 40, 3000])
 @pytest.mark.parametrize("shared", [True, False], ids=["one-request", "per-row"])
 def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
     """A few rows (a single request's) are decided on the host (logits_cpu.few_rows): thresholds
     instead of masks, masses summed on the host, top-p ranking only the weights near its goal (a
     histogram's window; top-k's ranks; ``torch.topk`` where the window reaches the zero weights,
-    as P = 0.99999 makes it). Its rows must be the rule's bit for bit, with ties, for short rows
-    (one ``where``) and long ones (``torch.threshold`` row by row), with -inf masks and bad
-    logits; rows with a valid logit must not leave it for the general path."""
+    as P = 0.99999 makes it; on short rows a table of the mass at every rank). Its rows must be
+    the rule's bit for bit, in both orders, with ties, for short rows (one ``where``) and long
+    ones (``torch.threshold`` row by row), with -inf masks and bad logits; rows with a valid logit
+    must not leave it for the general path."""
     from specops.core.logits import cpu as logits_cpu
 
     gen = torch.Generator().manual_seed(vocab)
@@ -535,12 +536,30 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124),
                   pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
+        last = trial % 2 == 1  # min-p in transformers' order, after top-p
         before = logits.clone()
-        got = logits_cpu.few_rows(logits, *params)
+        got = logits_cpu.few_rows(logits, *params, min_p_last=last)
         assert got is not None
         assert torch.equal(logits.view(torch.int32), before.view(torch.int32))  # untouched
-        expected = processing.processed_rows(logits, *params)
+        expected = processing.processed_rows(logits, *params, min_p_last=last)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), trial
+
+
+@pytest.mark.parametrize("vocab", [3, 3000])
+def test_top_p_keeps_no_more_once_the_mass_reaches_its_goal_exactly(vocab):
+    """W(t) >= P * W(0), not >: weights 1, 1/2, 1/2 (T = log2(e) makes c = 1, so e = 2^x
+    exactly) and P = 1/2 reach the goal at the largest weight alone, on the host's short rows and
+    long rows as in the rule."""
+    from specops.core.logits import cpu as logits_cpu
+
+    logits = torch.full((2, vocab), -200.0)  # weights 2^-200: 0 in float32
+    logits[:, :3] = torch.tensor([0.0, -1.0, -1.0])
+    params = (torch.full((2,), processing.LOG2E), torch.zeros(2, dtype=torch.long),
+              torch.full((2,), 0.5), torch.zeros(2))
+    expected = torch.zeros(2, vocab)
+    expected[:, 0] = 1.0
+    assert torch.equal(processing.processed_rows(logits, *params), expected)
+    assert torch.equal(logits_cpu.processed_rows(logits, *params), expected)
 
 
 def test_few_rows_leave_a_temperature_below_float32s_range_to_the_general_path():

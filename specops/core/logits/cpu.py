@@ -240,25 +240,6 @@ def near_the_goal(kept: torch.Tensor, goals: list[float], total: list[float]
     return [(a, v.sort(descending=True).values.tolist()) for a, v in zip(above, values)]
 
 
-def top_p_at_every_rank(kept: torch.Tensor, goals: list[float]
-                        ) -> list[tuple[float, float]] | None:
-    """``top_p_thresholds`` of short rows (R, V), R * V * V <= EVERY_RANK: the kept mass W(t) at
-    every weight t of every row in one pass, summed as ``masses_at`` sums them (one chunk: the
-    float32 sum is the exact mass), then each row's first weight in descending order whose W
-    reaches the goal."""
-    ranked = kept.sort(dim=-1, descending=True).values
-    rows = kept[:, None, :]
-    masses = torch.where(rows >= ranked[:, :, None], rows, 0.0).sum(-1)
-    answers = []
-    for values, reached, goal in zip(ranked.tolist(), masses.tolist(), goals):
-        # W at the smallest weight is the row's kept mass, which reaches the goal (P <= 1).
-        i = next((i for i, w in enumerate(reached) if w >= goal), None)
-        if i is None:
-            return None
-        answers.append((values[i], reached[i]))
-    return answers
-
-
 def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
                      largest: list[list[float]] | None = None
                      ) -> list[tuple[float, float]] | None:
@@ -278,8 +259,6 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
     margin's end, checked)."""
     rows, vocab = kept.shape
     goals = [p * w for p, w in zip(top_p, total)]
-    if rows * vocab * vocab <= EVERY_RANK:
-        return top_p_at_every_rank(kept, goals)
     near = ([(0.0, values) for values in largest] if largest is not None else
             near_the_goal(kept, goals, total) if vocab > FIRST_RANKS else None)
     ranks = 0  # how many torch.topk ranked
@@ -339,6 +318,13 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
             probes.append(list(range(lo + 1, hi, step)) or [high[r]])
 
 
+def each_once(function, values: list[float]) -> list[float]:
+    """function of each value, computed once per distinct value (a single request's rows share
+    their parameters)."""
+    once = {value: function(value) for value in set(values)}
+    return [once[value] for value in values]
+
+
 def per_row(values: list[float]):
     """Float32 values, one per row, as a factor of (R, V) rows: one Python number when all are
     equal (a single request's: a float32 multiply by it gives the tensor's products, with no
@@ -367,7 +353,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     t, k, p, m = (v.tolist() for v in (temperature, top_k, top_p, min_p))
     if not all(a >= 0 and b >= 0 and 0 < c <= 1 and 0 <= d <= 1 for a, b, c, d in zip(t, k, p, m)):
         return None  # out of range (``rule.out_of_range``; NaN fails every comparison)
-    if any(value and not as_float32(value) for value in t):
+    t32 = each_once(as_float32, t)
+    if any(value and not value32 for value, value32 in zip(t, t32)):
         return None  # a temperature that rounds to float32's 0: the rule's own arithmetic decides
     x = logits.float()
     greedy = [value == 0 for value in t]
@@ -379,7 +366,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         peak = x.amax(dim=-1, keepdim=True)
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
         # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
-        c = [as_float32(rule.LOG2E / as_float32(value)) if value else 1.0 for value in t]
+        c = each_once(lambda value: as_float32(rule.LOG2E / value) if value else 1.0, t32)
         e = torch.sub(x, peak).mul_(per_row(c))  # in place: fewer new pages
         for part in e.split(segments) if segments else (e,):
             part.exp2_()
@@ -389,8 +376,17 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         valid, e = rule.weights(logits, temperature)
 
     # min-p (0: every weight passes), unless it comes last
-    floor = [0.0 if min_p_last else as_float32(value) for value in m]
+    m32 = each_once(as_float32, m)
+    floor = [0.0] * rows if min_p_last else m32
     ks = [value if 0 < value < vocab and not g else 0 for value, g in zip(k, greedy)]
+    nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
+    if valid is None and nucleus and rows * vocab * vocab <= EVERY_RANK:
+        out = short_rows(e, floor, ks, [float(value) for value in p], greedy,
+                         m32 if min_p_last else None)
+        if out is not None and any(greedy):
+            which = torch.tensor(greedy)
+            out[which] = one_hot_at_largest(x[which])
+        return out
     if any(ks):
         largest = e.topk(max(ks), dim=-1).values.tolist()
         floor = [max(f, largest[r][value - 1]) if value else f
@@ -399,7 +395,6 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     total = host_masses(kept)
     if not all(w > 0 for w, g in zip(total, greedy) if not g):  # nan or no mass: general path
         return None
-    nucleus = [r for r in range(rows) if p[r] < 1 and not greedy[r]]
     if nucleus:
         # Where top-k ranked every row, its largest weights are the kept ones' first ranks.
         ranked = ([[v for v in largest[r][:ks[r]] if v >= floor[r]] for r in nucleus]
@@ -414,7 +409,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
             raised[r], total[r] = threshold, mass
         kept = kept_rows(kept, [[f] for f in raised], in_place=True)
     if min_p_last and any(m):  # min-p among what top-k and top-p kept; the top weight, 1, stays
-        kept = kept_rows(kept, [[as_float32(value)] for value in m], in_place=True)
+        kept = kept_rows(kept, [[value] for value in m32], in_place=True)
         total = host_masses(kept)
     out = kept.mul_(per_row([as_float32(1.0 / w) if not g else 1.0
                              for w, g in zip(total, greedy)]))
@@ -423,6 +418,42 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         out[which] = (one_hot_at_largest(x[which]) if valid is None else
                       rule.greedy_rows(logits[which], valid[which]))
     return out
+
+
+def short_rows(e: torch.Tensor, floor: list[float], ks: list[int], top_p: list[float],
+               greedy: list[bool], last_min_p: list[float] | None) -> torch.Tensor | None:
+    """``few_rows``' steps 4-7 on short rows of weights e (R, V), every one valid, R * V * V <=
+    EVERY_RANK (one chunk, whose float32 sum is its exact mass): each row ranked once (top-k's
+    k-th weight), and the kept mass at every rank taken in one pass, a table from which top-p's
+    answer and every normaliser are read. ``floor``: each row's min-p threshold (0 where it comes
+    last: ``last_min_p`` then holds them); ``ks``: k where top-k is on, else 0. None where a row
+    has no mass (the general path decides it). Greedy rows get any values: the caller replaces
+    them."""
+    ranked = e.sort(dim=-1, descending=True).values
+    values = ranked.tolist()
+    floor = [max(f, r[k - 1]) if k else f for f, r, k in zip(floor, values, ks)]
+    # W(t), the mass of the weights >= t among those min-p and top-k keep, at t = every weight
+    # raised to the floor: the last rank's is W(floor), the row's kept mass.
+    thresholds = ranked.clamp(min=torch.tensor(floor)[:, None])[:, :, None]
+    weights = e[:, None, :]
+    table = torch.where(weights >= thresholds, weights, 0.0).sum(-1).tolist()
+    kept, scales = [], []
+    for r, (row, mass) in enumerate(zip(values, table)):
+        t, w = floor[r], mass[-1]
+        if not greedy[r]:
+            if not w > 0:
+                return None
+            if top_p[r] < 1:  # the largest kept weight whose W reaches P * W(floor)
+                goal = top_p[r] * w
+                i = next(i for i, v in enumerate(row) if v >= t and mass[i] >= goal)
+                t, w = row[i], mass[i]
+            if last_min_p is not None and last_min_p[r] > t:  # min-p among what they keep
+                t = last_min_p[r]
+                w = mass[max(i for i, v in enumerate(row) if v >= t)]  # W of the least kept
+        kept.append(t)
+        scales.append(as_float32(1.0 / w) if w > 0 else 1.0)
+    t, scale = torch.tensor([kept, scales])[:, :, None]
+    return torch.where(e >= t, e * scale, 0.0)
 
 
 def one_hot_at_largest(x: torch.Tensor) -> torch.Tensor:
