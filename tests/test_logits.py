@@ -545,6 +545,26 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), trial
 
 
+def test_the_largest_values_of_long_rows_are_topks():
+    """Long rows rank their k largest values among the blocks with the largest maxima: the
+    values must be ``torch.topk``'s, with ties, with the largest values crowded into one block or
+    spread one a block, and in a last partial block."""
+    from specops.core.logits import cpu as logits_cpu
+
+    gen = torch.Generator().manual_seed(9)
+    for vocab in (4096, 5000):
+        rows = torch.rand(6, vocab, generator=gen)
+        rows[1] = rows[1].round(decimals=1)  # ties
+        rows[2, 64:80] += 1.0  # the largest crowded into one block
+        rows[3, :: logits_cpu.BLOCK] += 1.0  # one in every block
+        rows[4, -3:] += 1.0  # in the last, partial block (5000)
+        rows[5] = -1.0
+        for k in (1, 2, 7):
+            assert k * logits_cpu.BLOCK * logits_cpu.SPARSE <= vocab  # the blocked way
+            got = logits_cpu.largest_values(rows, k)
+            assert torch.equal(got, rows.topk(k, dim=-1).values), (vocab, k)
+
+
 @pytest.mark.parametrize("vocab", [3, 3000])
 def test_top_p_keeps_no_more_once_the_mass_reaches_its_goal_exactly(vocab):
     """W(t) >= P * W(0), not >: weights 1, 1/2, 1/2 (T = log2(e) makes c = 1, so e = 2^x

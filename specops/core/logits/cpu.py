@@ -4,8 +4,9 @@ bit, with less work (tests/test_logits.py checks them against it).
 On a CPU a question about the data costs no host synchronisation, so this path asks them:
   * each step runs on the rows that need it only (top-k where k is on, top-p where P < 1, the
     greedy rows where T == 0); every step is row-wise, so a subset of rows gets the same values;
-  * top-k takes the k-th largest weight from ``torch.topk`` of the largest k over the rows,
-    not from a sort of the whole row: the same value;
+  * top-k takes the k-th largest weight from the largest k of the rows (``largest_values``:
+    ``torch.topk``, on long rows of the blocks that can hold them), not from a sort of the
+    whole row: the same value;
   * top-p ranks only the kept weights when top-k or min-p left few (``torch.topk``), and bisects
     over a narrow range of those ranks: a float64 running sum of the sorted weights
     estimates every rank's kept mass W to far better than the float32 chunk sums' rounding, the
@@ -38,12 +39,35 @@ from ..sampling.sums import exact_total_host
 _MARGIN = 2.0**-12
 
 
+# Long rows rank their k largest values among blocks of BLOCK values, where k * BLOCK * SPARSE is
+# at most V: a block reduction and two small ``torch.topk``s instead of one over the whole row.
+BLOCK = 64
+SPARSE = 8
+
+
+def largest_values(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values of each of the rows (R, V), in descending order: ``torch.topk``'s.
+    On long rows, from the k blocks of BLOCK values whose maxima are the largest (and the last
+    partial block): each of the k largest values lies in one of them, or else these k blocks have
+    k maxima at least as large."""
+    count, vocab = rows.shape
+    blocks = vocab // BLOCK
+    if k * BLOCK * SPARSE > vocab:
+        return rows.topk(k, dim=-1).values
+    whole = rows[:, : blocks * BLOCK].reshape(count, blocks, BLOCK)
+    chosen = whole.amax(dim=-1).topk(k, dim=-1).indices
+    candidates = whole.gather(1, chosen[:, :, None].expand(count, k, BLOCK)).view(count, -1)
+    if vocab % BLOCK:
+        candidates = torch.cat([candidates, rows[:, blocks * BLOCK :]], dim=1)
+    return candidates.topk(k, dim=-1).values
+
+
 def top_p_threshold(e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """``rule.top_p_threshold`` for rows whose P < 1, with fewer exact masses."""
     ranked = torch.where(keep, e, -1.0)
     most = int(keep.sum(dim=-1).max())  # the ranks past it hold -1 and are never the answer
     if most < ranked.shape[-1] // 8:  # top-k or min-p left few: their ranks, not the whole row
-        ranked = ranked.topk(max(most, 1), dim=-1).values
+        ranked = largest_values(ranked, max(most, 1))
     else:
         ranked = ranked.sort(dim=-1, descending=True).values
     total = rule.kept_mass(e, keep)
@@ -73,7 +97,7 @@ def top_p_threshold(e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) ->
 def top_k_threshold(e: torch.Tensor, keep: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     """``rule.top_k_threshold`` for rows whose k is in [1, V): the k-th largest kept weight."""
     k = top_k.long()
-    largest = torch.where(keep, e, -1.0).topk(int(k.max()), dim=-1).values
+    largest = largest_values(torch.where(keep, e, -1.0), int(k.max()))
     return largest.gather(-1, (k - 1)[:, None])
 
 
@@ -265,7 +289,7 @@ def top_p_thresholds(kept: torch.Tensor, total: list[float], top_p: list[float],
     while True:
         if near is None:
             ranks = min(ranks * 8 or FIRST_RANKS, vocab)
-            near = [(0.0, values) for values in kept.topk(ranks, dim=-1).values.tolist()]
+            near = [(0.0, values) for values in largest_values(kept, ranks).tolist()]
         ranked = [values for _, values in near]
         guesses, high = [], []
         for (running, values), goal, w in zip(near, goals, total):
@@ -388,7 +412,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
             out[which] = one_hot_at_largest(x[which])
         return out
     if any(ks):
-        largest = e.topk(max(ks), dim=-1).values.tolist()
+        largest = largest_values(e, max(ks)).tolist()
         floor = [max(f, largest[r][value - 1]) if value else f
                  for r, (f, value) in enumerate(zip(floor, ks))]
     kept = kept_rows(e, [[f] for f in floor], in_place=True)  # e is this call's own
