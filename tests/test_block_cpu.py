@@ -98,7 +98,8 @@ def test_tokens_equal_the_reference_in_every_layout(how, dirt, with_draft):
 
 
 @pytest.mark.parametrize("batch,num_draft,vocab", [(0, 2, 300), (1, 1, 1), (7, 1, 5), (9, 2, 700),
-                                                   (6, 5, 2048), (5, 3, 3 * 1024 + 1)])
+                                                   (6, 5, 2048), (5, 3, 3 * 1024 + 1), (1, 0, 16),
+                                                   (3, 0, 300)])
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_tokens_equal_the_reference_in_every_shape(batch, num_draft, vocab, with_draft):
     draft, ids, target = make_inputs(batch, num_draft, vocab, "clean", seed=vocab)

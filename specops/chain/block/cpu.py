@@ -12,6 +12,7 @@ question about the data costs no host synchronisation.
 from __future__ import annotations
 
 import math
+from array import array
 
 import torch
 
@@ -134,10 +135,13 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
 
     # Steps 3-4 from the sanitised values at the draft ids (float32 products rounded once, float64
     # weights: Python floats round as torch's float64 operations do).
-    index = torch.tensor([j * vocab + d for j, d in enumerate(safe_ids)], dtype=torch.int64)
-    p_d = [sanitized(x) for x in target_probs.take(index).tolist()]
-    q_d = ([1.0] * num_draft if draft_probs is None
-           else [sanitized(x) for x in draft_probs.take(index).tolist()])
+    p_d, q_d = [], []  # no drafts: nothing to judge
+    if num_draft:  # an array becomes a tensor faster than a list
+        index = torch.frombuffer(array("q", [j * vocab + d for j, d in enumerate(safe_ids)]),
+                                 dtype=torch.int64)
+        p_d = [sanitized(x) for x in target_probs.take(index).tolist()]
+        q_d = ([1.0] * num_draft if draft_probs is None
+               else [sanitized(x) for x in draft_probs.take(index).tolist()])
     coins = u[slots.coin_slots(vocab, num_draft)]
     accepted = [valid[j] and as_float32(coins[j] * q_d[j]) < p_d[j] for j in range(num_draft)]
     weights = [1.0]

@@ -182,8 +182,9 @@ BUCKETS = 4096
 
 def host_masses(kept: torch.Tensor) -> list[float]:
     """``rule.kept_mass`` of rows (R', V) whose dropped weights are 0 already: R' float64 values,
-    the chunk masses summed exactly on the host; nan where a chunk mass is not finite."""
-    return [exact_total_host(row) if all(math.isfinite(m) for m in row) else math.nan
+    the chunk masses summed exactly on the host; nan where a chunk mass is not finite (the
+    float64 sum of float32 masses overflows never, and is finite only when they all are)."""
+    return [exact_total_host(row) if math.isfinite(sum(row)) else math.nan
             for row in chunk_mass_lists(kept)]
 
 
