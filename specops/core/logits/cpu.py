@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 
 import torch
 
@@ -208,7 +209,7 @@ def kept_rows(e: torch.Tensor, thresholds: list[list[float]], in_place: bool = F
     if width == 1 and all(ts[0] <= 0 for ts in thresholds):  # every weight is kept
         return e
     if e.shape[-1] < SHORT:
-        t = torch.tensor(thresholds, dtype=torch.float32)[:, :, None]
+        t = float32_tensor([t for ts in thresholds for t in ts]).view(len(thresholds), -1, 1)
         rows = e[:, None, :]
         return torch.where(rows >= t, rows, 0.0).view(-1, e.shape[-1])
     if in_place and width == 1:
@@ -358,7 +359,12 @@ def per_row(values: list[float]):
     tensor to build), else an (R, 1) tensor."""
     if all(v == values[0] for v in values):
         return values[0]
-    return torch.tensor(values, dtype=torch.float32)[:, None]
+    return float32_tensor(values)[:, None]
+
+
+def float32_tensor(values: list[float]) -> torch.Tensor:
+    """Float32 values as a 1-D tensor: through an array, a few times faster than from a list."""
+    return torch.frombuffer(array("f", values), dtype=torch.float32)
 
 
 def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -461,7 +467,7 @@ def short_rows(e: torch.Tensor, floor: list[float], ks: list[int], top_p: list[f
     floor = [max(f, r[k - 1]) if k else f for f, r, k in zip(floor, values, ks)]
     # W(t), the mass of the weights >= t among those min-p and top-k keep, at t = every weight
     # raised to the floor: the last rank's is W(floor), the row's kept mass.
-    thresholds = ranked.clamp(min=torch.tensor(floor)[:, None])[:, :, None]
+    thresholds = ranked.clamp(min=per_row(floor))[:, :, None]
     weights = e[:, None, :]
     table = torch.where(weights >= thresholds, weights, 0.0).sum(-1).tolist()
     kept, scales = [], []
@@ -479,7 +485,7 @@ def short_rows(e: torch.Tensor, floor: list[float], ks: list[int], top_p: list[f
                 w = mass[max(i for i, v in enumerate(row) if v >= t)]  # W of the least kept
         kept.append(t)
         scales.append(as_float32(1.0 / w) if w > 0 else 1.0)
-    t, scale = torch.tensor([kept, scales])[:, :, None]
+    t, scale = float32_tensor(kept + scales).view(2, -1, 1)
     return torch.where(e >= t, e * scale, 0.0)
 
 

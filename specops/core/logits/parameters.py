@@ -129,7 +129,9 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
         raise TypeError(f"{name} must be an int; got {value!r}")
     if not in_range(name, number):  # on the Python number: no tensor made to check it
         raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got {value!r}")
-    return torch.tensor([number], dtype=torch.int64 if integer else torch.float32, device=device)
+    if integer:  # torch.full costs half torch.tensor's (it refuses floats past float32's range)
+        return torch.full((1,), number, dtype=torch.int64, device=device)
+    return torch.tensor([number], dtype=torch.float32, device=device)
 
 
 def as_parameters(device: torch.device, temperature, top_k, top_p, min_p, draft_temperature=None,

