@@ -498,13 +498,79 @@ def test_the_cpu_backends_rows_from_draft_logits_are_the_references(vocab):
         target = torch.randn(batch, num_draft + 1, vocab, generator=gen) * 2
         draft = torch.randn(batch, num_draft, vocab, generator=gen) * 2
         ids = torch.randint(0, vocab, (batch, num_draft), generator=gen)
-        parameters = (torch.rand(1, generator=gen) + 0.5, torch.tensor([trial % 7]),
-                      torch.rand(1, generator=gen, dtype=torch.float64), torch.tensor([0.0]))
-        expected = processed_inputs(None, ids, target, draft, parameters, (None,) * 4)
-        got = processed_inputs(None, ids, target, draft, parameters, (None,) * 4,
-                               logits_cpu.processed_row_sets)
+        temperature = torch.rand(1, generator=gen) + 0.5 if trial % 5 else torch.tensor([0.0])
+        parameters = (temperature, torch.tensor([trial % 7]),
+                      torch.rand(1, generator=gen, dtype=torch.float64),
+                      torch.tensor([0.05 * (trial % 3)]))
+        # The draft's own parameters, of other dtypes, on some trials; a bad logit on others.
+        own = ((torch.tensor([0.9], dtype=torch.float64), torch.tensor([3], dtype=torch.int32),
+                torch.tensor([0.8]), None) if trial % 3 == 1 else (None,) * 4)
+        if trial % 6 == 5:
+            draft[0, 0, 1] = torch.nan
+        last = trial % 2 == 1
+        expected = processed_inputs(None, ids, target, draft, parameters, own, min_p_last=last)
+        got = processed_inputs(None, ids, target, draft, parameters, own,
+                               logits_cpu.processed_row_sets, min_p_last=last)
         for rows, want in zip(got, expected):
             assert torch.equal(rows.view(torch.int32), want.view(torch.int32)), trial
+
+
+def test_few_rows_do_not_follow_the_default_dtype():
+    """The host path's thresholds and scales are float32 whatever torch's default dtype is: its
+    rows are the rule's float32 rows, on short rows and long, with the parameters shared by the
+    rows or their own."""
+    from specops.core.logits import cpu as logits_cpu
+
+    gen = torch.Generator().manual_seed(4)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for vocab in (20, 3000):
+            logits = torch.randn(3, vocab, generator=gen, dtype=torch.float32) * 3
+            for params in ((torch.tensor([1.0, 0.0, 0.7]), torch.tensor([0, 0, 3]),
+                            torch.tensor([0.9, 1.0, 0.5]), torch.tensor([0.0, 0.0, 0.1])),
+                           (torch.full((3,), 0.7), torch.full((3,), 3), torch.full((3,), 0.8),
+                            torch.full((3,), 0.05))):
+                for last in (False, True):
+                    got = logits_cpu.few_rows(logits, *params, min_p_last=last)
+                    expected = processing.processed_rows(logits, *params, min_p_last=last)
+                    assert got.dtype == expected.dtype == torch.float32
+                    assert torch.equal(got, expected), (vocab, last)
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("vocab", [37, 300, 3000])
+def test_processed_rows_do_not_depend_on_the_logits_layout(vocab):
+    """Column-major rows (a transposed view) and rows inside wider ones give the contiguous rows'
+    results, bit for bit, in the reference and on the CPU's paths (the target's and the draft's
+    rows joined or apart, short rows' table, top-p's histogram past 256 values): torch's CPU
+    exp2 and sums round by the order of memory, so every path reads the rows in row-major order."""
+    from specops.chain.processed import processed_inputs
+
+    gen = torch.Generator().manual_seed(vocab)
+    num_draft = 4
+    target = torch.randn(1, num_draft + 1, vocab, generator=gen) * 3
+    draft = torch.randn(1, num_draft, vocab, generator=gen) * 3
+    ids = torch.zeros(1, num_draft, dtype=torch.long)
+
+    def layouts(rows):
+        transposed = rows[0].t().contiguous().t()[None]  # the same values, column-major
+        wider = torch.zeros(*rows.shape[:2], vocab + 5)
+        wider[..., 2 : vocab + 2] = rows
+        return rows, transposed, wider[..., 2 : vocab + 2]
+
+    for t, k, p, m in ((1.0, 0, 1.0, 0.0), (0.7, 0, 0.5, 0.1), (1.3, 5, 0.9, 0.05)):
+        parameters = (torch.tensor([t]), torch.tensor([k]), torch.tensor([p]), torch.tensor([m]))
+        for last in (False, True):
+            expected = None
+            for rows, drafts in zip(layouts(target), layouts(draft)):
+                for process in (processing.each_processed, logits_cpu.processed_row_sets):
+                    got = processed_inputs(None, ids, rows, drafts, parameters, (None,) * 4,
+                                           process, min_p_last=last)
+                    got = [rows.view(torch.int32) for rows in got]
+                    expected = expected or got
+                    assert all(torch.equal(a, b) for a, b in zip(got, expected)), (t, k, p, m)
 
 
 @pytest.mark.parametrize("vocab", [16, 40, 3000])

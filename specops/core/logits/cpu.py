@@ -389,7 +389,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     t32 = each_once(as_float32, t)
     if any(value and not value32 for value, value32 in zip(t, t32)):
         return None  # a temperature that rounds to float32's 0: the rule's own arithmetic decides
-    x = logits.float()
+    x = logits.float().contiguous()  # in row-major order, as ``rule.weights`` reads them
     greedy = [value == 0 for value in t]
     # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
     valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)

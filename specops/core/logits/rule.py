@@ -44,8 +44,9 @@ def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor 
     float32 weights e (R, V), 0 where invalid; rows without a valid logit have none).
 
     peak: each row's largest valid logit (R, 1) float32, given when the rows are shards of longer
-    rows (a vocabulary shard); by default the rows' own."""
-    x = logits.float()
+    rows (a vocabulary shard); by default the rows' own. The rows are read in row-major order
+    whatever their layout: on a CPU, exp2 and sums round by the order of memory."""
+    x = logits.float().contiguous()
     valid = torch.isfinite(x)
     if peak is None:
         peak = torch.where(valid, x, -torch.inf).amax(dim=-1, keepdim=True)
