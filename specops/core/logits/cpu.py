@@ -416,10 +416,7 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     if valid is None and nucleus and rows * vocab * vocab <= EVERY_RANK:
         out = short_rows(e, floor, ks, [float(value) for value in p], greedy,
                          m32 if min_p_last else None)
-        if out is not None and any(greedy):
-            which = torch.tensor(greedy)
-            out[which] = one_hot_at_largest(x[which])
-        return out
+        return None if out is None else with_greedy_rows(out, greedy, x, logits, valid)
     if any(ks):
         largest = largest_values(e, max(ks)).tolist()
         floor = [max(f, largest[r][value - 1]) if value else f
@@ -446,6 +443,13 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         total = host_masses(kept)
     out = kept.mul_(per_row([as_float32(1.0 / w) if not g else 1.0
                              for w, g in zip(total, greedy)]))
+    return with_greedy_rows(out, greedy, x, logits, valid)
+
+
+def with_greedy_rows(out: torch.Tensor, greedy: list[bool], x: torch.Tensor,
+                     logits: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """``few_rows``' rows ``out`` with the greedy ones (T == 0) made one-hot, in place; x: the
+    float32 logits, valid: where they are valid (None: everywhere)."""
     if any(greedy):
         which = torch.tensor(greedy)
         out[which] = (one_hot_at_largest(x[which]) if valid is None else
