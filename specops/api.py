@@ -15,8 +15,8 @@ from typing import Optional, Union
 
 import torch
 
-from .chain.arguments import (ArgumentNames, check_arguments, check_counters_apart,
-                              counters_apart)
+from .chain.arguments import (ArgumentNames, check_arguments, counters_apart,
+                              counters_apart_eagerly)
 from .chain.block import op as _block_op
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
@@ -115,9 +115,7 @@ def chain_speculative_sampling(
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
-    # Under Dynamo the storage comparison cannot be traced; the op's fake implementation runs it.
-    if not torch.compiler.is_compiling():
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=PUBLIC_NAMES)
+    counters_apart_eagerly(accepted, emitted, PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                       offset_t, deterministic)
     return output, accepted, emitted

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number, _counters
-from ..chain.arguments import check_counters_apart, counters_apart
+from ..chain.arguments import counters_apart, counters_apart_eagerly
 from ..chain.lossy import lossy_chain
 from ..chain.outputs import add_counts
 from ..core.logits.acceptance import check_lossy
@@ -83,8 +83,7 @@ def chain_speculative_sampling(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     check_layout(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
                  max_num_draft_tokens, accepted, emitted, seed_t, offset_t, NAMES)
-    if not torch.compiler.is_compiling():  # under Dynamo the op's fake runs it
-        check_counters_apart(accepted_num=accepted, emitted_num=emitted, names=NAMES.chain)
+    counters_apart_eagerly(accepted, emitted, NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_op if verification == "token"
                 else varlen_chain_block_speculative_sampling_op)
     output = verifier(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
