@@ -391,12 +391,14 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
         return None  # a temperature that rounds to float32's 0: the rule's own arithmetic decides
     x = logits.float().contiguous()  # in row-major order, as ``rule.weights`` reads them
     greedy = [value == 0 for value in t]
-    # A finite sum: no NaN or infinity (a sum past float32's range only takes the masks' way).
-    valid = None if math.isfinite(x.sum().item()) else torch.isfinite(x)
-    if all(greedy) and valid is None:  # ``rule.greedy_rows`` where every logit is valid
+    peak = x.amax(dim=-1, keepdim=True)
+    # Every row's largest logit finite: no NaN or +inf, and every -inf logit (a mask) weighs
+    # exp2(-inf) = 0 and is never the largest, as the rule's invalid logits (a sum of the peaks
+    # past float64's range only takes the masks' way).
+    valid = None if math.isfinite(sum(peak.view(-1).tolist())) else torch.isfinite(x)
+    if all(greedy) and valid is None:  # ``rule.greedy_rows``
         return one_hot_at_largest(x)
-    if valid is None:  # ``rule.weights`` where every logit is valid
-        peak = x.amax(dim=-1, keepdim=True)
+    if valid is None:  # ``rule.weights``
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
         # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
         c = each_once(lambda value: as_float32(rule.LOG2E / value) if value else 1.0, t32)
@@ -449,7 +451,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
 def with_greedy_rows(out: torch.Tensor, greedy: list[bool], x: torch.Tensor,
                      logits: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """``few_rows``' rows ``out`` with the greedy ones (T == 0) made one-hot, in place; x: the
-    float32 logits, valid: where they are valid (None: everywhere)."""
+    float32 logits, valid: where they are valid (None: each row's largest is finite, and
+    its -inf logits count as the rule's invalid ones)."""
     if any(greedy):
         which = torch.tensor(greedy)
         out[which] = (one_hot_at_largest(x[which]) if valid is None else
@@ -459,44 +462,48 @@ def with_greedy_rows(out: torch.Tensor, greedy: list[bool], x: torch.Tensor,
 
 def short_rows(e: torch.Tensor, floor: list[float], ks: list[int], top_p: list[float],
                greedy: list[bool], last_min_p: list[float] | None) -> torch.Tensor | None:
-    """``few_rows``' steps 4-7 on short rows of weights e (R, V), every one valid, R * V * V <=
-    EVERY_RANK (one chunk, whose float32 sum is its exact mass): each row ranked once (top-k's
-    k-th weight), and the kept mass at every rank taken in one pass, a table from which top-p's
-    answer and every normaliser are read. ``floor``: each row's min-p threshold (0 where it comes
-    last: ``last_min_p`` then holds them); ``ks``: k where top-k is on, else 0. None where a row
-    has no mass (the general path decides it). Greedy rows get any values: the caller replaces
-    them."""
-    ranked = e.sort(dim=-1, descending=True).values
-    values = ranked.tolist()
-    floor = [max(f, r[k - 1]) if k else f for f, r, k in zip(floor, values, ks)]
-    # W(t), the mass of the weights >= t among those min-p and top-k keep, at t = every weight
-    # raised to the floor: the last rank's is W(floor), the row's kept mass.
-    thresholds = ranked.clamp(min=per_row(floor))[:, :, None]
+    """``few_rows``' steps 4-7 on short rows of weights e (R, V) (-inf logits weigh 0),
+    R * V * V <= EVERY_RANK (one chunk, whose float32 sum is its exact mass): every row kept at
+    every threshold in one pass, each token's weight raised to the row's floor, a table
+    (R, V, V) whose sums are the kept mass at every threshold; top-p's answer and every
+    normaliser are read from them, and each row's kept weights are one row of the table.
+    ``floor``: each row's min-p threshold (0 where it comes last: ``last_min_p`` then holds
+    them); ``ks``: k where top-k is on, else 0. None where a row has no mass (the general path
+    decides it). Greedy rows get any values: the caller replaces them."""
+    rows, vocab = e.shape
+    values = e.tolist()
+    ranks = [sorted(range(vocab), key=row.__getitem__, reverse=True) for row in values]
+    floor = [max(f, row[rank[k - 1]]) if k else f
+             for f, row, rank, k in zip(floor, values, ranks, ks)]
+    # table[r, j]: row r kept at t_j = max(e[r, j], floor[r]), the weights >= t_j; its sum is
+    # W(t_j), the mass of the weights >= t_j among those min-p and top-k keep.
     weights = e[:, None, :]
-    table = torch.where(weights >= thresholds, weights, 0.0).sum(-1).tolist()
-    kept, scales = [], []
-    for r, (row, mass) in enumerate(zip(values, table)):
-        t, w = floor[r], mass[-1]
+    table = torch.where(weights >= e.clamp(min=per_row(floor))[:, :, None], weights, 0.0)
+    masses = table.sum(-1).tolist()
+    chosen, scales = [], []
+    for r, (row, rank, mass) in enumerate(zip(values, ranks, masses)):
+        # The least weight's row keeps every weight >= floor: W(floor), the row's kept mass.
+        t, j = floor[r], rank[-1]
         if not greedy[r]:
-            if not w > 0:
+            if not mass[j] > 0:
                 return None
             if top_p[r] < 1:  # the largest kept weight whose W reaches P * W(floor)
-                goal = top_p[r] * w
-                i = next(i for i, v in enumerate(row) if v >= t and mass[i] >= goal)
-                t, w = row[i], mass[i]
+                goal = top_p[r] * mass[j]
+                j = next(j for j in rank if row[j] >= t and mass[j] >= goal)
+                t = row[j]
             if last_min_p is not None and last_min_p[r] > t:  # min-p among what they keep
-                t = last_min_p[r]
-                w = mass[max(i for i, v in enumerate(row) if v >= t)]  # W of the least kept
-        kept.append(t)
-        scales.append(as_float32(1.0 / w) if w > 0 else 1.0)
-    t, scale = float32_tensor(kept + scales).view(2, -1, 1)
-    return torch.where(e >= t, e * scale, 0.0)
+                j = min((j for j in rank if row[j] >= last_min_p[r]), key=row.__getitem__)
+        chosen.append(r * vocab + j)
+        scales.append(as_float32(1.0 / mass[j]) if mass[j] > 0 else 1.0)
+    index = torch.frombuffer(array("q", chosen), dtype=torch.int64)
+    return table.view(rows * vocab, vocab).index_select(0, index).mul_(per_row(scales))
 
 
 def one_hot_at_largest(x: torch.Tensor) -> torch.Tensor:
-    """``rule.greedy_rows`` of float32 rows (R, V) whose every logit is valid. On long rows
-    ``max`` gives the first of equal maxima as ``argmax`` does, at a third of its cost on CPU
-    rows (on short ones its second output costs more than it saves)."""
+    """``rule.greedy_rows`` of float32 rows (R, V) whose largest logit is finite (-inf ones
+    may be among them). On long rows ``max`` gives the first of equal maxima as ``argmax`` does,
+    at a third of its cost on CPU rows (on short ones its second output costs more than it
+    saves)."""
     rows, vocab = x.shape
     top = x.argmax(dim=-1) if vocab < SHORT else x.max(dim=-1).indices
     return torch.zeros_like(x).index_put_((torch.arange(rows), top),
