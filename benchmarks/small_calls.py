@@ -26,6 +26,7 @@ import time
 import torch
 
 import specops
+from specops.core.logits.rule import packed_bitmask
 
 GOAL = 2.0  # every small call within this factor of token verification from probabilities
 
@@ -47,6 +48,10 @@ def calls(batch: int, num_draft: int, vocab: int, gen: torch.Generator) -> dict:
                               **source, **params)
 
     every = dict(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)
+    # A grammar mask allowing about half of the tokens, and every draft token.
+    allowed = torch.rand(batch, num_draft + 1, vocab, generator=gen) < 0.5
+    allowed.scatter_(2, ids[:, :, None], True)
+    mask = packed_bitmask(allowed)
     return {
         "token, probs": lambda: probs(draft_probs, ids, target_probs, seed=1),
         "token, probs, greedy drafts": lambda: probs(None, ids, target_probs, seed=1),
@@ -59,6 +64,7 @@ def calls(batch: int, num_draft: int, vocab: int, gen: torch.Generator) -> dict:
         "token, logits all four": from_logits(**every),
         "token, logits draft_logits": from_logits(drafts="logits"),
         "token, logits draft_logits top-p": from_logits(drafts="logits", top_p=0.9),
+        "token, logits grammar mask": from_logits(allowed_token_bitmask=mask),
         "block, probs": lambda: probs(draft_probs, ids, target_probs, seed=1,
                                       verification="block"),
         "block, logits T=1": from_logits("block"),

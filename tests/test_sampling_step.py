@@ -52,6 +52,8 @@ def test_bitmask_layout_is_the_shared_one():
     mask = packed_bitmask(allowed)
     assert mask[0].tolist() == [1 | -2**31, 1, 1 << 5] and mask[1].tolist() == [0, -2**31, 0]
     assert torch.equal(rule.allowed_tokens(mask, 70), allowed)
+    # What step 0 adds: 0 where allowed, -inf where not (the sign bit, bit 31, included).
+    assert torch.equal(rule.blocked(mask, 70), torch.where(allowed, 0.0, -torch.inf))
 
 
 PARAMETERS = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.2]), top_k=torch.tensor([0, 0, 5, 0]),

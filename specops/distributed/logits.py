@@ -203,9 +203,9 @@ def adjusted_shard(shard: Shard, logits: torch.Tensor, step: Step, draft_token_i
     if not step.changes_logits():
         return logits
     bitmask = step.allowed_token_bitmask
-    if bitmask is not None:  # this shard's columns of the mask, as a bool
-        allowed = params.allowed_tokens(bitmask, shard.start + shard.width)[..., shard.start:]
-        logits = torch.where(allowed, logits.float(), -torch.inf)
+    if bitmask is not None:  # this shard's columns of the mask: 0, or -inf where not allowed
+        logits = logits.float() + params.blocked(bitmask, shard.start + shard.width)[
+            ..., shard.start:]
 
     def generated(counts):  # drafts of other shards counted in a spare column, then dropped
         ids = draft_token_ids.long()

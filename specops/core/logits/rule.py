@@ -196,6 +196,22 @@ def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab].bool()
 
 
+# float32 -inf's bits as an int32: 0xFF800000.
+MINUS_INF_BITS = -(2**23)
+
+
+def blocked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float32 (..., V) of an int32 bitmask (..., ceil(V / 32)) (``allowed_tokens``' layout), to
+    add to the logits: 0 where a token is allowed, -inf where it is not. Formed from the bits by
+    integer operations (-inf's bit pattern where a bit is clear, 0 where set): on a CPU a
+    ``torch.where`` or ``masked_fill`` over an irregular boolean mask, as grammar masks are,
+    costs about ten times as much."""
+    shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
+    clear = ((bitmask[..., None] >> shifts) & 1) - 1  # 0 where set, -1 (every bit) where clear
+    minus_inf = (clear & MINUS_INF_BITS).view(torch.float32)
+    return minus_inf.reshape(*bitmask.shape[:-1], -1)[..., :vocab]
+
+
 def packed_bitmask(allowed: torch.Tensor) -> torch.Tensor:
     """The int32 bitmask (..., ceil(V / 32)) of bool rows (..., V): ``allowed_tokens``' inverse,
     for callers that hold their masks as booleans."""
@@ -210,9 +226,10 @@ def packed_bitmask(allowed: torch.Tensor) -> torch.Tensor:
 def adjusted_logits(logits: torch.Tensor, logit_bias: torch.Tensor | None = None,
                     bitmask: torch.Tensor | None = None, penalties: Penalties | None = None,
                     generated: torch.Tensor | None = None) -> torch.Tensor:
-    """Step 0 for requests' rows of logits (B, rows, V): float32, -inf where bitmask (B, rows,
-    ceil(V / 32)) does not allow a token, x + logit_bias (B, V) (each request's, on each of its
-    rows) elsewhere, then ``penalized`` by ``penalties`` with each row's ``generated`` counts
+    """Step 0 for requests' rows of logits (B, rows, V): float32 x + logit_bias (B, V) (each
+    request's, on each of its rows), plus -inf where bitmask (B, rows, ceil(V / 32)) does not
+    allow a token (-inf for every finite logit; a NaN or +inf one gives NaN, which counts as
+    -inf all the same), then ``penalized`` by ``penalties`` with each row's ``generated`` counts
     (B, rows, V). The logits as they are when none is given."""
     if logit_bias is None and bitmask is None and penalties is None:
         return logits  # as given: no copy
@@ -220,7 +237,7 @@ def adjusted_logits(logits: torch.Tensor, logit_bias: torch.Tensor | None = None
     if logit_bias is not None:
         x = x + logit_bias.float()[:, None, :]
     if bitmask is not None:
-        x = x.masked_fill(~allowed_tokens(bitmask, x.shape[-1]), -torch.inf)
+        x = x + blocked(bitmask, x.shape[-1])
     if penalties is not None:
         x = penalized(x, penalties, generated)
     return x
