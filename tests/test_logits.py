@@ -471,7 +471,7 @@ def test_cpu_backends_processing_gives_the_rules_rows_bit_for_bit(levels, margin
     logits[6] = -torch.inf
     logits[7, 17] = torch.inf
     pick = lambda *values: torch.tensor(values)[torch.randint(len(values), (n,), generator=gen)]
-    temperature = pick(0.0, 0.5, 1.0, 2.0, -1.0)
+    temperature = pick(0.0, 0.5, 1.0, 2.0, -1.0, 1e-40)
     top_k = pick(0, 1, 5, 50, 2999, 3000, 10**6)
     top_p = pick(1.0, 0.9, 0.5, 0.999, 1e-6, 0.0)
     min_p = pick(0.0, 0.0, 0.05, 0.5, 1.0)
@@ -600,8 +600,9 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         count = 1 if shared else n
         pick = lambda *values: torch.tensor(values)[
             torch.randint(len(values), (count,), generator=gen)].expand(n)
-        # Temperatures that are not powers of 2: c = LOG2E / T rounds (once).
-        params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124),
+        # Temperatures that are not powers of 2: c = LOG2E / T rounds (once); a float32
+        # subnormal one: c saturates at float32's largest value.
+        params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124, 1e-40),
                   pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
         last = trial % 2 == 1  # min-p in transformers' order, after top-p

@@ -181,3 +181,24 @@ def test_no_drafts_match_reference(verification, draft_mode):
         draft_mode, target, draft, ids, parameters(6, True), seed, offset, verification)
     assert out_k.shape == (6, 1) and (out_k >= 0).all()
     assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_parameters_are_read_as_float32_and_tiny_temperatures_stay_numbers(verification):
+    """Float64 parameters are read as the kernel reads them, as float32: a temperature that
+    rounds to 0 is greedy, a top-p or min-p that rounds into its range is that value. A
+    temperature so small that log2(e) / T passes float32's range (a float32 subnormal) gives the
+    largest c: every request still gets a token, and both paths the same ones."""
+    batch = 5
+    target, draft, ids = logits_inputs(batch, 2, 130, torch.float32, seed=21)
+    seed, offset = seeds(batch, True, offset_per_request=True)
+    f64 = dict(dtype=torch.float64, device=DEVICE)
+    params = (torch.tensor([1e-50, 1e-40, 1e-45, 0.7, 1.0], **f64),
+              torch.zeros(batch, dtype=torch.int64, device=DEVICE),
+              torch.tensor([1.0, 1.0, 0.9, 1 + 1e-12, 1e-50 + 0.9], **f64),
+              torch.tensor([0.0, 0.0, 0.0, 1e-50, 1 + 1e-12], **f64))
+    (out_r, acc_r, emit_r), (out_k, acc_k, emit_k) = run_both(
+        None, target, draft, ids, params, seed, offset, verification)
+    assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
+    emitted = out_r.gather(1, emit_r.long()[:, None])[:, 0]
+    assert bool((emitted >= 0).all()), out_r

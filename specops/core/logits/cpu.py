@@ -401,7 +401,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     if valid is None:  # ``rule.weights``
         # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
         # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
-        c = each_once(lambda value: as_float32(rule.LOG2E / value) if value else 1.0, t32)
+        c = each_once(lambda value: min(as_float32(rule.LOG2E / value), rule.FLOAT32_MAX)
+                      if value else 1.0, t32)
         e = torch.sub(x, peak).mul_(per_row(c))  # in place: fewer new pages
         for part in e.split(segments) if segments else (e,):
             part.exp2_()

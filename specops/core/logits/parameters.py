@@ -98,11 +98,13 @@ def check_draft_parameters_apply(parameters: dict, draft_logits, draft_logits_na
 
 
 def check_parameter_values(parameters: dict) -> None:
-    """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first."""
+    """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first. Float
+    values are checked as the ops read them, as float32."""
     for name, value in parameters.items():
         if value is None:  # the draft's (the target's), or off
             continue
-        where = first_bad_index(~in_range(name, value))
+        read = value.float() if value.is_floating_point() else value
+        where = first_bad_index(~in_range(name, read))
         if where is not None:
             raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got "
                              f"{value[where].item()} at index "

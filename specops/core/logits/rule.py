@@ -3,15 +3,15 @@ plain reference of the rule every sampler that takes logits applies (docs/semant
 "Verification from logits"), in vLLM's sampler order, row by row.
 
 For a row of logits x (read as float32) and its request's temperature T, top-k k, top-p P and
-min-p M:
+min-p M (T, P and M read as float32 too: ``per_row``):
 
 0. Where given (``adjusted_logits``), the row's grammar mask and its request's logit bias: a token
    the mask does not allow gets -inf, every other x + bias (float32); then its penalties
    (``penalized``), the drafts before the row counted as generated; then the steps below.
 1. A logit that is NaN or infinite counts as -inf: it is never kept.
 2. T == 0: the row is greedy, one-hot at its largest logit (the lowest index on ties).
-3. T > 0: the weights e = exp2((x - max(x)) * c), c = log2(e) / T, all float32: the softmax of
-   x / T before normalising, 1 at the largest logit.
+3. T > 0: the weights e = exp2((x - max(x)) * c), c = log2(e) / T (at most float32's largest
+   value), all float32: the softmax of x / T before normalising, 1 at the largest logit.
 4. min-p: keep the tokens with e >= M (p >= M * max(p)); M == 0 keeps all. (Hugging Face
    transformers' order, ``min_p_last``: this step after step 6.)
 5. top-k: of what is left, keep the tokens with e at least the k-th largest e (ties kept);
@@ -37,6 +37,7 @@ from ..sampling.race import chunk_masses
 from ..sampling.sums import exact_total
 
 LOG2E = float(torch.tensor(1 / math.log(2), dtype=torch.float32))  # log2(e), as float32
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor | None = None):
@@ -56,10 +57,12 @@ def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor 
 
 def coefficient(temperature: torch.Tensor) -> torch.Tensor:
     """c = LOG2E / T, float32, one correctly rounded division per value (the weights are
-    exp2((x - m) c)). A tensor divides a tensor: a Python number over a tensor is the tensor's
+    exp2((x - m) c)), at most float32's largest value: a T so small (a float32 subnormal) that
+    the quotient passes float32's range keeps every weight a number, 1 at the largest logit and
+    about 0 elsewhere. A tensor divides a tensor: a Python number over a tensor is the tensor's
     reciprocal times the number, rounded twice."""
     t = temperature.float()
-    return torch.full_like(t, LOG2E) / t
+    return (torch.full_like(t, LOG2E) / t).clamp_(max=FLOAT32_MAX)
 
 
 def greedy_rows(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -417,7 +420,11 @@ def drafts_own(draft_parameters, parameters) -> tuple:
 
 def per_row(value: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
     """A parameter of 1 or B values (one per request) as one value per row of the requests'
-    (B, rows, V) rows, flattened: (B * rows,)."""
+    (B, rows, V) rows, flattened: (B * rows,). A float parameter is read as float32, as the
+    kernels read it: a float64 value counts as its float32 rounding (a temperature that rounds
+    to 0 is greedy, a top-p that rounds to 1 is off)."""
+    if value.is_floating_point():
+        value = value.float()
     if batch == 1:  # one request: its value for every row, as a view
         return value.expand(rows)
     return value.expand(batch).repeat_interleave(rows)

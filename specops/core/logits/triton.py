@@ -30,6 +30,7 @@ from . import rule as logits
 from ..sampling.step_triton import adjusted_row, drafts_before, request_step, row_step
 
 LOG2E = tl.constexpr(logits.LOG2E)
+FLOAT32_MAX = tl.constexpr(logits.FLOAT32_MAX)  # c's largest value (rule.coefficient)
 LN2 = tl.constexpr(0.6931471805599453)
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0's float32 bits: the weights' range is [0, 1]
 INF_BITS = tl.constexpr(0x7F800000)  # +inf's: n = +inf (a -inf logit) is never kept
@@ -247,7 +248,7 @@ def row_statistics_kernel(
     in_range = ((temperature >= 0) & (top_k >= 0) & (top_p > 0) & (top_p <= 1) & (min_p >= 0)
                 & (min_p <= 1))
     # First, while few values are live: its slow path is a call, around which ptxas saves them.
-    coef = tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature)
+    coef = tl.minimum(tl.math.div_rn(tl.full([], LOG2E, tl.float32), temperature), FLOAT32_MAX)
     peak, index = _peak(logits_row, vocab, step, STEP, CHUNK)
     peak = tl.where(peak == 0, 0.0, peak)  # +0 for -0: n = m - x is then never -0 (kept)
     mode = tl.where(in_range & (peak > -float("inf")),
