@@ -394,8 +394,8 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     peak = x.amax(dim=-1, keepdim=True)
     # Every row's largest logit finite: no NaN or +inf, and every -inf logit (a mask) weighs
     # exp2(-inf) = 0 and is never the largest, as the rule's invalid logits (a sum of the peaks
-    # past float64's range only takes the masks' way).
-    valid = None if math.isfinite(sum(peak.view(-1).tolist())) else torch.isfinite(x)
+    # past float32's range only takes the masks' way).
+    valid = None if math.isfinite(peak.sum().item()) else torch.isfinite(x)
     if all(greedy) and valid is None:  # ``rule.greedy_rows``
         return one_hot_at_largest(x)
     if valid is None:  # ``rule.weights``

@@ -423,7 +423,7 @@ def per_row(value: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
     (B, rows, V) rows, flattened: (B * rows,). A float parameter is read as float32, as the
     kernels read it: a float64 value counts as its float32 rounding (a temperature that rounds
     to 0 is greedy, a top-p that rounds to 1 is off)."""
-    if value.is_floating_point():
+    if value.dtype == torch.float64:
         value = value.float()
     if batch == 1:  # one request: its value for every row, as a view
         return value.expand(rows)
