@@ -4,6 +4,8 @@ verifiers' registration, checks and compile behaviour."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -309,6 +311,30 @@ def test_validation_mode_refuses_bad_values_inside_parameter_tensors(monkeypatch
         specops.chain_speculative_sampling_from_logits(None, ids, target, seed=1)
 
 
+def test_parameters_are_checked_as_the_float32_values_the_ops_read(monkeypatch):
+    """Temperature, top-p and min-p are read as float32, a Python number as the float32 tensor it
+    becomes: a top-p of 1e-50 (float32 0) is refused, not silently left without mass; under
+    validation a float64 tensor is checked by its float32 rounding (1 + 1e-12 is 1: off), and
+    penalties, which the ops read as given, by their own values."""
+    target, draft, ids = inputs()
+    call = lambda **kw: specops.chain_speculative_sampling_from_logits(None, ids, target, seed=1,
+                                                                        **kw)
+    monkeypatch.delenv("SPECOPS_VALIDATE", raising=False)
+    with pytest.raises(ValueError, match=r"top_p must be .*got 1e-50 \(as float32: 0.0\)"):
+        call(top_p=1e-50)
+    with pytest.raises(ValueError, match=r"frequency_penalty must be .*\(as float32: inf\)"):
+        call(frequency_penalty=1e39, output_token_counts=torch.zeros_like(target[:, 0],
+                                                                          dtype=torch.int64))
+    f64 = lambda value: torch.tensor([value], dtype=torch.float64)
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    off = call(top_p=f64(1 + 1e-12), min_p=f64(-1e-50))[0]
+    assert torch.equal(off, call()[0])
+    call(repetition_penalty=f64(1e-50), output_token_counts=torch.zeros_like(
+        target[:, 0], dtype=torch.int64))  # > 0 as given
+    with pytest.raises(ValueError, match=r"top_p must be .*got 1e-50 \(read as float32: 0.0\)"):
+        call(top_p=f64(1e-50))
+
+
 def _top_k_of_minus_one(entry, top_k):
     target, draft, ids = inputs()
     batch, positions, vocab = target.shape
@@ -602,7 +628,7 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
             torch.randint(len(values), (count,), generator=gen)].expand(n)
         # Temperatures that are not powers of 2: c = LOG2E / T rounds (once); a float32
         # subnormal one: c saturates at float32's largest value.
-        params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124, 1e-40),
+        params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124, 1e-40, math.inf),
                   pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))
         last = trial % 2 == 1  # min-p in transformers' order, after top-p

@@ -187,7 +187,7 @@ def test_no_drafts_match_reference(verification, draft_mode):
 def test_parameters_are_read_as_float32_and_tiny_temperatures_stay_numbers(verification):
     """Float64 parameters are read as the kernel reads them, as float32: a temperature that
     rounds to 0 is greedy, a top-p or min-p that rounds into its range is that value. A
-    temperature so small that log2(e) / T passes float32's range (a float32 subnormal) gives the
+    temperature so small that log2(e) / T passes float32's range (below about 4.2e-39) gives the
     largest c: every request still gets a token, and both paths the same ones."""
     batch = 5
     target, draft, ids = logits_inputs(batch, 2, 130, torch.float32, seed=21)

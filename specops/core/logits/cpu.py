@@ -392,17 +392,17 @@ def few_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tenso
     x = logits.float().contiguous()  # in row-major order, as ``rule.weights`` reads them
     greedy = [value == 0 for value in t]
     peak = x.amax(dim=-1, keepdim=True)
+    # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to float32's
+    # correctly rounded one (53 bits are more than 2 * 24 + 2).
+    c = each_once(lambda value: min(as_float32(rule.LOG2E / value), rule.FLOAT32_MAX)
+                  if value else 1.0, t32)
     # Every row's largest logit finite: no NaN or +inf, and every -inf logit (a mask) weighs
-    # exp2(-inf) = 0 and is never the largest, as the rule's invalid logits (a sum of the peaks
-    # past float32's range only takes the masks' way).
-    valid = None if math.isfinite(peak.sum().item()) else torch.isfinite(x)
+    # exp2(-inf * c) = 0 and is never the largest, as the rule's invalid logits, where c > 0 (T =
+    # +inf makes it 0; a sum of the peaks past float32's range only takes the masks' way).
+    valid = None if math.isfinite(peak.sum().item()) and all(c) else torch.isfinite(x)
     if all(greedy) and valid is None:  # ``rule.greedy_rows``
         return one_hot_at_largest(x)
     if valid is None:  # ``rule.weights``
-        # Its float32 c = LOG2E / T: the float64 quotient of two float32 values rounds to
-        # float32's correctly rounded one (53 bits are more than 2 * 24 + 2).
-        c = each_once(lambda value: min(as_float32(rule.LOG2E / value), rule.FLOAT32_MAX)
-                      if value else 1.0, t32)
         e = torch.sub(x, peak).mul_(per_row(c))  # in place: fewer new pages
         for part in e.split(segments) if segments else (e,):
             part.exp2_()

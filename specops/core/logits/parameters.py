@@ -9,6 +9,7 @@ import math
 import torch
 
 from ..ops.checks import first_bad_index
+from ..sampling.probs import as_float32
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -20,6 +21,9 @@ PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
 SAMPLING = ("temperature", "top_k", "top_p", "min_p")  # every from-logits op takes them
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")  # None: off
 INTEGER_PARAMETERS = ("top_k",)
+# Read as float32 whatever their tensors' dtype, as the kernels read them; the penalties are
+# read as given.
+FLOAT32_READ = ("temperature", "top_p", "min_p")
 # The draft's own parameters, for rows given as draft logits (None: the target's): the
 # distribution the drafter sampled from may differ from the one the target's tokens follow.
 DRAFT_PARAMETERS = tuple(f"draft_{name}" for name in SAMPLING)
@@ -98,17 +102,28 @@ def check_draft_parameters_apply(parameters: dict, draft_logits, draft_logits_na
 
 
 def check_parameter_values(parameters: dict) -> None:
-    """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first. Float
-    values are checked as the ops read them, as float32."""
+    """SPECOPS_VALIDATE=1: refuse parameter values out of their ranges, naming the first. Each is
+    checked as the ops read it: temperature, top-p and min-p as float32 (``read_as``)."""
     for name, value in parameters.items():
         if value is None:  # the draft's (the target's), or off
             continue
-        read = value.float() if value.is_floating_point() else value
+        read = read_as(name, value)
         where = first_bad_index(~in_range(name, read))
         if where is not None:
             raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got "
-                             f"{value[where].item()} at index "
+                             f"{value[where].item()}{as_read(value, read, where)} at index "
                              f"{where} (SPECOPS_VALIDATE=1)")
+
+
+def read_as(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A parameter tensor as the ops read it: temperature, top-p and min-p as float32 (a float64
+    value counts as its float32 rounding, ``rule.per_row``), the others as given."""
+    return value.float() if base_name(name) in FLOAT32_READ else value
+
+
+def as_read(value: torch.Tensor, read: torch.Tensor, where: int) -> str:
+    """What an error adds after a value that is read otherwise: its value as read."""
+    return "" if read.dtype == value.dtype else f" (read as float32: {read[where].item()})"
 
 
 def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
@@ -129,8 +144,11 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
     number = int(value) if integer else float(value)
     if integer and number != value:
         raise TypeError(f"{name} must be an int; got {value!r}")
-    if not in_range(name, number):  # on the Python number: no tensor made to check it
-        raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got {value!r}")
+    # On the Python number (no tensor made to check it), as the float32 it becomes.
+    read = number if integer else as_float32(number)
+    if not in_range(name, read):
+        shown = "" if read == number else f" (as float32: {read!r})"
+        raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got {value!r}{shown}")
     if integer:  # torch.full costs half torch.tensor's (it refuses floats past float32's range)
         return torch.full((1,), number, dtype=torch.int64, device=device)
     return torch.tensor([number], dtype=torch.float32, device=device)
