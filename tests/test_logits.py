@@ -626,8 +626,8 @@ def test_few_rows_on_the_host_give_the_rules_rows_bit_for_bit(vocab, shared):
         count = 1 if shared else n
         pick = lambda *values: torch.tensor(values)[
             torch.randint(len(values), (count,), generator=gen)].expand(n)
-        # Temperatures that are not powers of 2: c = LOG2E / T rounds (once); a float32
-        # subnormal one: c saturates at float32's largest value.
+        # Temperatures that are not powers of 2: c = LOG2E / T rounds (once); one below
+        # about 4.2e-39: c saturates at float32's largest value; +inf: c = 0.
         params = (pick(0.0, 0.5, 1.0, 2.0, 0.7, 1.0724719762802124, 1e-40, math.inf),
                   pick(0, 1, 5, 50, vocab - 1, vocab),
                   pick(1.0, 0.9, 0.5, 0.999, 0.99999, 1e-6), pick(0.0, 0.0, 0.05, 0.5, 1.0))

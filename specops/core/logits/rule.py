@@ -59,8 +59,8 @@ def coefficient(temperature: torch.Tensor) -> torch.Tensor:
     """c = LOG2E / T, float32, one correctly rounded division per value (the weights are
     exp2((x - m) c)), at most float32's largest value: a T so small (below LOG2E / that value,
     about 4.2e-39) that the quotient passes float32's range keeps every weight a number, 1 at the
-    largest logit and about 0 elsewhere. A tensor divides a tensor: a Python number over a tensor is the tensor's
-    reciprocal times the number, rounded twice."""
+    largest logit and about 0 elsewhere. A tensor divides a tensor: a Python number over a tensor
+    is the tensor's reciprocal times the number, rounded twice."""
     t = temperature.float()
     return (torch.full_like(t, LOG2E) / t).clamp_(max=FLOAT32_MAX)
 
