@@ -686,3 +686,28 @@ def test_few_rows_leave_a_temperature_below_float32s_range_to_the_general_path()
     params = (torch.tensor([1e-46, 1.0, 0.5], dtype=torch.float64),
               torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
     assert logits_cpu.few_rows(logits, *params) is None
+
+
+@pytest.mark.parametrize("rows", [4, 20], ids=["few-rows", "general"])
+def test_a_logit_whose_distance_below_the_largest_passes_float32s_range_is_never_kept(rows):
+    """x - m rounding to -inf makes a finite logit invalid (rule step 1): at T = +inf (c = 0) its
+    weight would be -inf * 0 = NaN, which a comparison drops in one step and a rank puts first in
+    another. The rule keeps every other token of such a row (each weighs 1) in both orders; the
+    CPU backend's rows (the host path for a few rows, the general one for many), beside rows
+    whose top-k threshold is above 0, must be the rule's."""
+    from specops.core.logits import cpu as logits_cpu
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(rows, 40, generator=gen)
+    logits[::2, 0], logits[::2, 1] = 3e38, -3e38
+    full = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype)
+    for temperature in (math.inf, 1.0):
+        for top_k, top_p, min_p in [(0, 1.0, 0.0), (1, 1.0, 0.0), (5, 1.0, 0.0), (0, 0.9, 0.0),
+                                    (0, 1.0, 0.05), (5, 0.9, 0.05)]:
+            params = (full(temperature), full(top_k, torch.long), full(top_p), full(min_p))
+            for last in (False, True):
+                expected = processing.processed_rows(logits, *params, min_p_last=last)
+                assert expected[::2, 1].eq(0).all() and expected.sum(-1).gt(0.99).all()
+                got = logits_cpu.processed_rows(logits, *params, min_p_last=last)
+                assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (
+                    temperature, top_k, top_p, min_p, last)

@@ -183,6 +183,28 @@ def test_no_drafts_match_reference(verification, draft_mode):
     assert torch.equal(out_k, out_r) and torch.equal(acc_k, acc_r) and torch.equal(emit_k, emit_r)
 
 
+def test_a_logit_whose_distance_below_the_largest_passes_float32s_range_is_never_kept():
+    """At T = +inf (c = 0) a finite logit with x - m rounding to -inf would weigh NaN: the
+    statistics never keep it (m - x is +inf, at the keep limit), as the rule counts it invalid,
+    and keep every other token, in both orders and with top-k ranking among them."""
+    from specops.core.logits import rule
+    from specops.core.logits.launch import row_statistics
+
+    logits = torch.randn(4, 1, 40, generator=torch.Generator().manual_seed(5))
+    logits[:, 0, 0], logits[:, 0, 1] = 3e38, -3e38
+    t = torch.full((4,), torch.inf)
+    k, p, m = torch.tensor([0, 1, 5, 0]), torch.tensor([1.0, 1.0, 0.9, 1.0]), torch.zeros(4)
+    rows = logits[:, 0]
+    for last in (False, True):
+        stats = row_statistics(logits.to(DEVICE), *(v.to(DEVICE) for v in (t, k, p, m)),
+                               min_p_last=last).cpu()
+        mode, peak, coef, limit, scale, index = stats.unbind(-1)
+        expected = rule.processed_rows(rows, t, k, p, m, min_p_last=last)
+        assert expected[:, 1].eq(0).all() and expected.sum(-1).gt(0.99).all()
+        bits = (peak[:, None].float() - rows).view(torch.int32).long() & 0xFFFFFFFF
+        assert torch.equal(bits < limit[:, None].long(), expected > 0)
+
+
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_parameters_are_read_as_float32_and_tiny_temperatures_stay_numbers(verification):
     """Float64 parameters are read as the kernel reads them, as float32: a temperature that

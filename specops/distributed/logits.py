@@ -107,7 +107,7 @@ def kept_shard(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, mi
     x = logits.float()
     valid = torch.isfinite(x)
     peak, argmax = peaks(shard, x, valid)
-    _, e = params.weights(x, temperature, peak)
+    valid, e = params.weights(x, temperature, peak)  # x - m finite, m the rows' peak
     at_least_min_p = e >= min_p.float()[:, None]
     keep = valid if min_p_last else valid & at_least_min_p
     if searches & SEARCH_TOP_K:

@@ -8,7 +8,8 @@ min-p M (T, P and M read as float32 too: ``per_row``):
 0. Where given (``adjusted_logits``), the row's grammar mask and its request's logit bias: a token
    the mask does not allow gets -inf, every other x + bias (float32); then its penalties
    (``penalized``), the drafts before the row counted as generated; then the steps below.
-1. A logit that is NaN or infinite counts as -inf: it is never kept.
+1. A logit that is NaN or infinite counts as -inf: it is never kept; so does a finite one so
+   far below the row's largest that x - max(x) rounds to -inf in float32.
 2. T == 0: the row is greedy, one-hot at its largest logit (the lowest index on ties).
 3. T > 0: the weights e = exp2((x - max(x)) * c), c = log2(e) / T (at most float32's largest
    value), all float32: the softmax of x / T before normalising, 1 at the largest logit.
@@ -48,10 +49,13 @@ def weights(logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor 
     rows (a vocabulary shard); by default the rows' own. The rows are read in row-major order
     whatever their layout: on a CPU, exp2 and sums round by the order of memory."""
     x = logits.float().contiguous()
-    valid = torch.isfinite(x)
     if peak is None:
-        peak = torch.where(valid, x, -torch.inf).amax(dim=-1, keepdim=True)
-    e = torch.where(valid, torch.exp2((x - peak) * coefficient(temperature)[:, None]), 0.0)
+        peak = torch.where(torch.isfinite(x), x, -torch.inf).amax(dim=-1, keepdim=True)
+    # Valid: x - m finite. A finite logit so far below m that x - m rounds to -inf is invalid as
+    # well (at T = +inf, c = 0, its weight would be -inf * 0 = NaN; a GPU never keeps it).
+    n = x - peak
+    valid = torch.isfinite(n)
+    e = torch.where(valid, torch.exp2(n * coefficient(temperature)[:, None]), 0.0)
     return valid, e
 
 
