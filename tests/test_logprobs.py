@@ -375,8 +375,10 @@ def test_compiled_equals_eager(backend):
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
 def test_empty_batches_and_chains_without_drafts(backend, monkeypatch):
-    """No request, and requests without drafts: logprobs and lossy acceptance, with penalties,
-    give outputs of the padded shapes (nothing to reshape from: no size inferred)."""
+    """No request, and requests without drafts: logprobs and lossy acceptance, with penalties
+    and a grammar mask, give outputs of the padded shapes (nothing to reshape from: no size
+    inferred)."""
+    from specops.core.logits.rule import packed_bitmask
     if backend == "triton":
         monkeypatch.setenv("SPECOPS_BACKEND", "triton")
     vocab = 20
@@ -387,15 +389,19 @@ def test_empty_batches_and_chains_without_drafts(backend, monkeypatch):
                     output_token_counts=torch.zeros(batch, vocab, dtype=torch.int32))
         cu = torch.zeros(batch + 1, dtype=torch.int64)
         flat = logits[:, :1].reshape(batch, vocab)  # no drafts: one row a request
+        masks = packed_bitmask(torch.ones(batch, n + 1, vocab, dtype=torch.bool))
+        flat_masks = masks[:, 0]
         for extra in (dict(logprobs="processed", num_top_logprobs=2),
                       dict(acceptance="typical")):
-            chain = specops.chain_speculative_sampling_from_logits(None, ids, logits, seed=0,
-                                                                   **step, **extra)
+            chain = specops.chain_speculative_sampling_from_logits(
+                None, ids, logits, seed=0, allowed_token_bitmask=masks, **step, **extra)
             assert chain[0].shape == (batch, n + 1) and len(chain) == 3 + 3 * ("logprobs" in extra)
             varlen = specops.varlen.chain_speculative_sampling_from_logits(
-                None, ids.new_zeros(0), flat, cu, n, seed=0, **step, **extra)
+                None, ids.new_zeros(0), flat, cu, n, seed=0, allowed_token_bitmask=flat_masks,
+                **step, **extra)
             assert [tuple(t.shape) for t in varlen] == [tuple(t.shape) for t in chain]
             if n:
                 tree = specops.tree_speculative_sampling_from_logits(
-                    None, ids, torch.zeros_like(ids), logits, seed=0, **step, **extra)
+                    None, ids, torch.zeros_like(ids), logits, seed=0,
+                    allowed_token_bitmask=masks, **step, **extra)
                 assert tree[0].shape == (batch, n + 1)

@@ -200,7 +200,7 @@ def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """bool (..., V) of an int32 bitmask (..., ceil(V / 32)) in the layout vLLM, SGLang and
     XGrammar share: bit i % 32 of word i // 32 set where token i is allowed."""
     bits = (bitmask[..., None] >> torch.arange(BITS, device=bitmask.device, dtype=torch.int32)) & 1
-    return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab].bool()
+    return bits.flatten(-2)[..., :vocab].bool()
 
 
 # float32 -inf's bits as an int32: 0xFF800000.
@@ -216,7 +216,7 @@ def blocked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
     clear = ((bitmask[..., None] >> shifts) & 1) - 1  # 0 where set, -1 (every bit) where clear
     minus_inf = (clear & MINUS_INF_BITS).view(torch.float32)
-    return minus_inf.reshape(*bitmask.shape[:-1], -1)[..., :vocab]
+    return minus_inf.flatten(-2)[..., :vocab]
 
 
 def packed_bitmask(allowed: torch.Tensor) -> torch.Tensor:
