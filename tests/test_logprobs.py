@@ -101,6 +101,23 @@ def test_the_op_gives_each_tokens_logprob_and_the_top_tokens(order):
     assert torch.equal(top3[:5], top_ids[:5])
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu",
+                                     pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_top_tokens_of_equal_logprobs_are_the_largest_logits(backend):
+    """At T = +inf (or one so large that every weight rounds to 1) every kept token has the same
+    logprob: the most likely tokens are still the largest logits (docs/semantics.md), on every
+    backend, not any k of the tied ones."""
+    functions = dict(reference=token_logprobs_reference, cpu=token_logprobs_op,
+                     triton=token_logprobs_triton)
+    logits = torch.tensor([[[1.0, 5.0, 3.0, 4.0, 2.0]]]).expand(2, 1, 5).contiguous()
+    params = (torch.tensor([torch.inf, 1e30]), torch.zeros(2, dtype=torch.int64), torch.ones(2),
+              torch.zeros(2))
+    _, top_ids, top_lp, _ = functions[backend](logits, torch.ones(2, 1, dtype=torch.int64),
+                                               *params, 2)
+    assert torch.equal(top_ids, torch.tensor([[[1, 3]], [[1, 3]]], dtype=torch.int32))
+    assert torch.equal(top_lp, torch.full((2, 1, 2), -torch.log(torch.tensor(5.0)).item()))
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("order", ["vllm", "transformers"])
 def test_triton_path_matches_the_reference(order):

@@ -50,17 +50,21 @@ def entropy_of(logprobs: torch.Tensor) -> torch.Tensor:
     return (0.0 - terms.sum(dim=-1)).float()  # 0.0 - 0.0 is +0
 
 
-def selected(rows: torch.Tensor, token_ids: torch.Tensor, num_top: int):
-    """From log-probability rows (R, V) and each row's tokens (R, K) (an id outside [0, V):
-    none): (their logprobs (R, K), the num_top most likely ids (R, num_top) int32 and their
-    logprobs); -inf for an id outside [0, V), and -1 with -inf where fewer than num_top tokens
-    have probability (a row without a token has none)."""
+def selected(rows: torch.Tensor, logits: torch.Tensor, token_ids: torch.Tensor, num_top: int):
+    """From log-probability rows (R, V), their logits (R, V) and each row's tokens (R, K) (an id
+    outside [0, V): none): (their logprobs (R, K), the num_top most likely ids (R, num_top) int32
+    and their logprobs); -inf for an id outside [0, V), and -1 with -inf where fewer than num_top
+    tokens have probability (a row without a token has none). The most likely are the largest
+    logits among the tokens with probability: equal logprobs of unequal logits (T = +inf) are
+    ranked by the logits."""
     vocab = rows.shape[-1]
     ids = token_ids.long()
     inside = (ids >= 0) & (ids < vocab)
     at = rows.gather(1, ids.clamp(0, max(vocab - 1, 0)))
     logprobs = torch.where(inside, at, -torch.inf)
-    values, top_ids = rows.topk(num_top, dim=-1)
+    ranked = torch.where(rows > -torch.inf, logits.float(), -torch.inf)
+    top_ids = ranked.topk(num_top, dim=-1).indices
+    values = rows.gather(1, top_ids)
     has = (values > -torch.inf) & inside.any(dim=-1, keepdim=True)
     return (logprobs, torch.where(has, top_ids, -1).int(),
             torch.where(has, values, -torch.inf))
@@ -107,7 +111,8 @@ def token_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor,
                          rule.ORDERS[processing_order])
     per_row = token_ids.shape[2] if token_ids.dim() == 3 else 1
     logprobs, top_ids, top_logprobs = selected(
-        rows.float(), token_ids.reshape(batch * positions, per_row), num_top)
+        rows.float(), logits.reshape(batch * positions, vocab),
+        token_ids.reshape(batch * positions, per_row), num_top)
     entropies = entropy_of(rows).view(batch, positions) if entropy else rows.new_empty(
         (batch, 0), dtype=torch.float32)
     return (logprobs.view(token_ids.shape), top_ids.view(batch, positions, num_top),
