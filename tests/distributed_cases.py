@@ -306,6 +306,16 @@ def logprobs_cases(rank, layout, vocab, padded_to):
             logit_bias=torch.nn.functional.pad(bias, (0, padded_to - vocab))[..., start:end],
             logprobs=mode, vocab_start=start, vocab_size=vocab, **shard)
         results[mode] = (ours, single)
+    # T = +inf: every kept token's logprob is equal; the top tokens are still the largest logits,
+    # whichever rank holds them.
+    flat = dict(temperature=float("inf"), seed=torch.arange(6), num_top_logprobs=5,
+                logprobs="processed")
+    single = specops.chain_speculative_sampling_from_logits(None, ids, target,
+                                                            draft_logits=draft, **flat)
+    ours = sd.chain_speculative_sampling_from_logits(
+        None, ids, target_pad[..., start:end], draft_logits=draft_pad[..., start:end],
+        vocab_start=start, vocab_size=vocab, **flat)
+    results["processed, T = +inf"] = (ours, single)
     return results
 
 

@@ -166,16 +166,21 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     first = torch.arange(fewer, device=x.device) == 0
     candidates = torch.where(owns_greedy & first, local_argmax.clamp(0, shard.width - 1),
                              candidates)
-    values = torch.nn.functional.pad(logprobs_at(candidates), (0, num_top - fewer),
-                                     value=-torch.inf)
-    global_ids = torch.nn.functional.pad(candidates + shard.start, (0, num_top - fewer), value=-1)
-    every = all_gather(torch.stack([values.double(), global_ids.double()]), shard.group)
-    values, global_ids = every[:, 0].permute(1, 0, 2), every[:, 1].permute(1, 0, 2)
-    best = values.flatten(1).topk(num_top, dim=-1)  # (R, world * num_top): every candidate
-    top_ids = global_ids.flatten(1).gather(1, best.indices).long()
-    has = (best.values > -torch.inf) & (ids >= 0)[:, None] & (ids < shard.vocab)[:, None]
+    pad = (0, num_top - fewer)
+    values = torch.nn.functional.pad(logprobs_at(candidates), pad, value=-torch.inf)
+    global_ids = torch.nn.functional.pad(candidates + shard.start, pad, value=-1)
+    # The best are the largest logits among the tokens with probability (equal logprobs of
+    # unequal logits, at T = +inf, ranked by the logits as on one device).
+    ranked = torch.nn.functional.pad(x.gather(1, candidates), pad, value=-torch.inf)
+    ranked = torch.where(values > -torch.inf, ranked, -torch.inf)
+    every = all_gather(torch.stack([values.double(), global_ids.double(), ranked.double()]),
+                       shard.group)
+    values, global_ids, ranked = (every[:, i].permute(1, 0, 2).flatten(1) for i in range(3))
+    best = ranked.topk(num_top, dim=-1).indices  # (R, world * num_top): every candidate
+    top_ids, top_values = global_ids.gather(1, best).long(), values.gather(1, best)
+    has = (top_values > -torch.inf) & (ids >= 0)[:, None] & (ids < shard.vocab)[:, None]
     return (logprobs, torch.where(has, top_ids, -1).int(),
-            torch.where(has, best.values, -torch.inf).float())
+            torch.where(has, top_values, -torch.inf).float())
 
 
 def shard_entropy(shard: Shard, logits: torch.Tensor, temperature, top_k, top_p, min_p,
