@@ -199,8 +199,13 @@ BITS = 32  # tokens per word of a grammar bitmask
 def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """bool (..., V) of an int32 bitmask (..., ceil(V / 32)) in the layout vLLM, SGLang and
     XGrammar share: bit i % 32 of word i // 32 set where token i is allowed."""
-    bits = (bitmask[..., None] >> torch.arange(BITS, device=bitmask.device, dtype=torch.int32)) & 1
-    return bits.flatten(-2)[..., :vocab].bool()
+    return unpacked_bits(bitmask)[..., :vocab].bool()
+
+
+def unpacked_bits(bitmask: torch.Tensor) -> torch.Tensor:
+    """int32 (..., 32 * W) of an int32 bitmask (..., W): bit i % 32 of word i // 32 at i."""
+    shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
+    return ((bitmask[..., None] >> shifts) & 1).flatten(-2)
 
 
 # float32 -inf's bits as an int32: 0xFF800000.
@@ -213,10 +218,8 @@ def blocked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     integer operations (-inf's bit pattern where a bit is clear, 0 where set): on a CPU a
     ``torch.where`` or ``masked_fill`` over an irregular boolean mask, as grammar masks are,
     costs about ten times as much."""
-    shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
-    clear = ((bitmask[..., None] >> shifts) & 1) - 1  # 0 where set, -1 (every bit) where clear
-    minus_inf = (clear & MINUS_INF_BITS).view(torch.float32)
-    return minus_inf.flatten(-2)[..., :vocab]
+    clear = unpacked_bits(bitmask) - 1  # 0 where set, -1 (every bit) where clear
+    return (clear & MINUS_INF_BITS).view(torch.float32)[..., :vocab]
 
 
 def packed_bitmask(allowed: torch.Tensor) -> torch.Tensor:
