@@ -711,3 +711,45 @@ def test_a_logit_whose_distance_below_the_largest_passes_float32s_range_is_never
                 got = logits_cpu.processed_rows(logits, *params, min_p_last=last)
                 assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (
                     temperature, top_k, top_p, min_p, last)
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_a_single_requests_draft_probabilities_beside_logits_are_read_as_the_reference_reads_them(
+        verification):
+    """A single request (the CPU backends' host path) verified from logits with draft
+    probabilities the caller gave: those are not processed rows, so negative, infinite, NaN and
+    too large values count as 0, as the reference reads them (the processed rows the host path
+    trusts are the target's and a draft's processed from its logits). Same tokens and counts as
+    the reference's, from every seed."""
+    from specops.chain.block import cpu as block_cpu, reference as block_reference
+    from specops.chain.token import cpu as token_cpu, reference as token_reference
+
+    cpu, reference = {"token": (token_cpu.chain_speculative_sampling_from_logits_cpu,
+                                token_reference.chain_speculative_sampling_from_logits_reference),
+                      "block": (block_cpu.block_speculative_sampling_from_logits_cpu,
+                                block_reference.block_speculative_sampling_from_logits_reference),
+                      }[verification]
+    gen = torch.Generator().manual_seed(7)
+    vocab, num_draft = 12, 3
+    params = (torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.0]))
+    differed = 0
+    for trial in range(40):
+        target = torch.randn(1, num_draft + 1, vocab, generator=gen)
+        draft = torch.rand(1, num_draft, vocab, generator=gen) / vocab
+        ids = torch.randint(0, vocab, (1, num_draft), generator=gen)
+        bad = [-0.5, -torch.inf, torch.inf, torch.nan, 1e36][trial % 5]
+        draft[0, :, (ids[0, 0] + 1) % vocab] = bad  # beside the drafts, where residuals are read
+        outputs = []
+        for fn in (cpu, reference):
+            counts = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+            tokens = fn(draft, ids, target, None, *counts, torch.tensor([trial]),
+                        torch.tensor([0]), *params)
+            outputs.append((tokens.tolist(), [c.tolist() for c in counts]))
+        assert outputs[0] == outputs[1], (trial, bad)
+        clean = draft.clone()
+        clean[0, :, (ids[0, 0] + 1) % vocab] = 0.0
+        counts = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        differed += cpu(clean, ids, target, None, *counts, torch.tensor([trial]),
+                        torch.tensor([0]), *params).tolist() != outputs[0][0]
+    # Sanitised to 0, the bad values give the tokens of a draft row with 0 there.
+    assert differed == 0

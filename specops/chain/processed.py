@@ -26,10 +26,12 @@ def processed_inputs(draft_probs, draft_token_ids, target_logits, draft_logits, 
     return (processed[1] if draft_logits is not None else draft_probs), processed[0]
 
 
-def on_processed_rows(verify, process=params.each_processed):
+def on_processed_rows(verify, process=params.each_processed, tell_processed: bool = False):
     """The from-logits backend of a verifier of probabilities: every row processed as
     ``processed_inputs`` processes it (by ``process``), then ``verify`` on the processed rows.
-    Its arguments: the from-logits op's (chain/from_logits.py), then a launcher's split."""
+    Its arguments: the from-logits op's (chain/from_logits.py), then a launcher's split.
+    ``tell_processed``: ``verify`` is told which rows are processed logits (float32 values in
+    [0, 1], which need no check): processed=(target's, draft's)."""
     def backend(draft_probs, draft_token_ids, target_logits, draft_logits, accepted_num,
                 emitted_num, seed, offset, temperature, top_k, top_p, min_p, *rest):
         draft_parameters, step, order, launch = params.optional_arguments(rest)
@@ -37,8 +39,9 @@ def on_processed_rows(verify, process=params.each_processed):
             draft_probs, draft_token_ids, target_logits, draft_logits,
             (temperature, top_k, top_p, min_p), draft_parameters, process, step,
             params.ORDERS[order])
+        told = dict(processed=(True, draft_logits is not None)) if tell_processed else {}
         return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                      seed, offset, *launch)  # launch: a launcher's split, for warm-up and tests
+                      seed, offset, *launch, **told)  # launch: a launcher's split, for warm-up and tests
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend

@@ -121,11 +121,13 @@ def sampled_chunk(draft_probs, target_probs, drafts: reference.Drafts, tau: torc
 
 
 def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
-                offset) -> torch.Tensor:
+                offset, processed: tuple[bool, bool] = (False, False)) -> torch.Tensor:
     """The call for B = 1: the reference's steps on the request's scalars (uniforms, coins,
     weights, stop probabilities, tau and the race on the host), its candidate rows R_1..R_N formed
     by the reference's float32 operations on the rows where the draft runs (R_t = p_t where it
-    has ended), their chunk masses summed exactly on the host."""
+    has ended), their chunk masses summed exactly on the host. ``processed``: whether the target's
+    and the draft's rows are processed logits (float32 values in [0, 1]), which ``sanitize``
+    leaves as they are."""
     num_draft, vocab = draft_token_ids.shape[1], target_probs.shape[2]
     u = request_uniforms_host(seed.item(), offset.item(), 0, slots.num_slots(num_draft, vocab))
     ids = draft_token_ids.tolist()[0]
@@ -152,10 +154,11 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
 
     # Step 5: R_t = relu(w_t p_t - q_t) (one-hot q: w_t p_t with d_t removed) where the draft runs
     # (t < L); R_t = p_t from L on. Rows are read contiguous along V, as chunk_masses views them.
-    p = cleaned(target_probs[0])
+    p = target_probs[0] if processed[0] else cleaned(target_probs[0])
     if p.dtype != torch.float32 or p.stride(-1) != 1:
         p = p.float().contiguous()
-    q = None if draft_probs is None else cleaned(draft_probs[0])
+    q = None if draft_probs is None else draft_probs[0] if processed[1] else \
+        cleaned(draft_probs[0])
 
     def running_rows(first: int, last: int) -> torch.Tensor:  # R_first..R_last, all t < L
         w = torch.tensor([as_float32(weights[t]) for t in range(first, last + 1)],
@@ -213,11 +216,13 @@ def block_speculative_sampling_cpu(
     emitted_num: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
+    processed: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
-    """``reference.block_speculative_sampling_reference`` for CPU tensors, faster."""
+    """``reference.block_speculative_sampling_reference`` for CPU tensors, faster (``processed``:
+    as ``one_request``'s)."""
     if draft_token_ids.shape[0] == 1:
         output = one_request(draft_probs, draft_token_ids, target_probs, accepted_num,
-                             emitted_num, seed, offset)
+                             emitted_num, seed, offset, processed)
         if output is not None:
             return output
     batch, num_draft = draft_token_ids.shape
@@ -263,5 +268,5 @@ def block_speculative_sampling_cpu(
 
 
 # Verification from logits: the rows processed (chain/processed.py), then the function above.
-block_speculative_sampling_from_logits_cpu = on_processed_rows(block_speculative_sampling_cpu,
-                                                            logits_cpu.processed_row_sets)
+block_speculative_sampling_from_logits_cpu = on_processed_rows(
+    block_speculative_sampling_cpu, logits_cpu.processed_row_sets, tell_processed=True)

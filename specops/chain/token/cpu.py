@@ -103,9 +103,9 @@ def float32(rows: torch.Tensor) -> torch.Tensor:
     return rows if rows.dtype == torch.float32 else rows.float()
 
 
-def one_row(draft_probs, target_probs, e: int, residual: bool, d_e: int):
+def one_row(draft_probs, target_probs, e: int, residual: bool, d_e: int, draft_clean: bool):
     """Step 5's row of a single request, (V,) float32, as ``sampled_rows_fast`` forms it from
-    rows read in place; None when its draft row is not clean."""
+    rows read in place; None when its draft row is not clean (``draft_clean``: known to be)."""
     p_e = float32(target_probs[0, e])
     if not residual:
         return p_e.clamp_min(0.0)
@@ -114,7 +114,7 @@ def one_row(draft_probs, target_probs, e: int, residual: bool, d_e: int):
         row[d_e] = 0.0
         return row
     q_e = float32(draft_probs[0, e])
-    return torch.sub(p_e, q_e).clamp_min_(0.0) if is_clean(q_e) else None
+    return torch.sub(p_e, q_e).clamp_min_(0.0) if draft_clean or is_clean(q_e) else None
 
 
 def chunk_mass_list(row: torch.Tensor) -> list[float]:
@@ -126,9 +126,11 @@ def chunk_mass_list(row: torch.Tensor) -> list[float]:
 
 
 def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num, seed,
-                offset):
+                offset, processed: tuple[bool, bool] = (False, False)):
     """The call for B = 1, the reference's steps on the request's scalars: the output row, or
-    None (nothing written) when the row to sample needs the reference's plain step 5."""
+    None (nothing written) when the row to sample needs the reference's plain step 5.
+    ``processed``: whether the target's and the draft's rows are processed logits (float32
+    values in [0, 1], clean)."""
     num_draft, vocab = draft_token_ids.shape[1], target_probs.shape[2]
     # Its stream is 0: its batch row, or the stream of a request with a seed of its own.
     u = request_uniforms_host(seed.item(), offset.item(), 0, slots.num_slots(num_draft, vocab))
@@ -151,7 +153,8 @@ def one_request(draft_probs, draft_token_ids, target_probs, accepted_num, emitte
     residual = e < num_draft and 0 <= ids[e] < vocab
 
     # Step 5, where the plain path is not needed.
-    row = one_row(draft_probs, target_probs, e, residual, safe_ids[e] if residual else -1)
+    row = one_row(draft_probs, target_probs, e, residual, safe_ids[e] if residual else -1,
+                  processed[1])
     if row is None:
         return None
     masses = chunk_mass_list(row)
@@ -183,11 +186,13 @@ def chain_speculative_sampling_cpu(
     emitted_num: torch.Tensor,
     seed: torch.Tensor,
     offset: torch.Tensor,
+    processed: tuple[bool, bool] = (False, False),
 ) -> torch.Tensor:
-    """``reference.chain_speculative_sampling_reference`` for CPU tensors, faster."""
+    """``reference.chain_speculative_sampling_reference`` for CPU tensors, faster (``processed``:
+    as ``one_request``'s)."""
     if draft_token_ids.shape[0] == 1:
         output = one_request(draft_probs, draft_token_ids, target_probs, accepted_num,
-                             emitted_num, seed, offset)
+                             emitted_num, seed, offset, processed)
         if output is not None:
             return output
     return batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num,
@@ -217,5 +222,5 @@ def batch_of_requests(draft_probs, draft_token_ids, target_probs, accepted_num, 
 
 
 # Verification from logits: the rows processed (chain/processed.py), then the function above.
-chain_speculative_sampling_from_logits_cpu = on_processed_rows(chain_speculative_sampling_cpu,
-                                                            logits_cpu.processed_row_sets)
+chain_speculative_sampling_from_logits_cpu = on_processed_rows(
+    chain_speculative_sampling_cpu, logits_cpu.processed_row_sets, tell_processed=True)
