@@ -325,6 +325,10 @@ def test_parameters_are_checked_as_the_float32_values_the_ops_read(monkeypatch):
     with pytest.raises(ValueError, match=r"frequency_penalty must be .*\(as float32: inf\)"):
         call(frequency_penalty=1e39, output_token_counts=torch.zeros_like(target[:, 0],
                                                                           dtype=torch.int64))
+    # A Python int past float64's range becomes float32's inf too, not an OverflowError.
+    assert torch.equal(call(temperature=10**400)[0], call(temperature=math.inf)[0])
+    with pytest.raises(ValueError, match=r"top_p must be .*got 1000"):
+        call(top_p=10**400)
     f64 = lambda value: torch.tensor([value], dtype=torch.float64)
     monkeypatch.setenv("SPECOPS_VALIDATE", "1")
     off = call(top_p=f64(1 + 1e-12), min_p=f64(-1e-50))[0]
@@ -341,13 +345,14 @@ def _top_k_of_minus_one(entry, top_k):
     if entry == "varlen":
         cu = torch.arange(batch + 1) * (positions - 1)
         return specops.varlen.chain_speculative_sampling_from_logits(
-            None, ids.reshape(-1), target.reshape(-1, vocab), cu, positions - 1, top_k=top_k)
+            None, ids.reshape(-1), target.reshape(-1, vocab), cu, positions - 1, top_k=top_k,
+            seed=1)
     if entry == "tree":
         parents = torch.arange(positions - 1).expand(batch, -1)
         return specops.tree_speculative_sampling_from_logits(None, ids, parents, target,
-                                                             top_k=top_k)
+                                                             top_k=top_k, seed=1)
     return specops.chain_speculative_sampling_from_logits(None, ids, target, top_k=top_k,
-                                                          verification=entry)
+                                                          verification=entry, seed=1)
 
 
 @pytest.mark.parametrize("entry", ["token", "block", "varlen", "tree"])
@@ -359,6 +364,18 @@ def test_a_top_k_of_minus_one_is_refused_by_name(monkeypatch, entry):
     monkeypatch.setenv("SPECOPS_VALIDATE", "1")
     with pytest.raises(ValueError, match=message + r" at index \(1,\)"):
         _top_k_of_minus_one(entry, torch.tensor([0, -1, 3, 0]))
+
+
+@pytest.mark.parametrize("entry", ["token", "block", "varlen", "tree"])
+def test_a_top_k_past_int64s_range_keeps_every_token_and_a_non_finite_one_is_refused(entry):
+    """A k of 2**63 or more keeps every token, as any k >= V does: the same tokens as top-k off,
+    not an overflow inside torch; an infinite or NaN k is not an int, and is refused by name."""
+    off = _top_k_of_minus_one(entry, 0)[0]
+    for k in (2**63, 10**30, 1e300):
+        assert torch.equal(_top_k_of_minus_one(entry, k)[0], off), k
+    for k in (math.inf, math.nan):
+        with pytest.raises(TypeError, match=r"top_k must be an int; got (inf|nan)"):
+            _top_k_of_minus_one(entry, k)
 
 
 # processing_order="transformers": min-p after top-k and top-p, as Hugging Face applies them.

@@ -21,6 +21,7 @@ PARAMETERS = {"temperature": (FLOAT_DTYPES, 1.0), "top_k": (INT_DTYPES, 0),
 SAMPLING = ("temperature", "top_k", "top_p", "min_p")  # every from-logits op takes them
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")  # None: off
 INTEGER_PARAMETERS = ("top_k",)
+INT64_MAX = 2**63 - 1
 # Read as float32 whatever their tensors' dtype, as the kernels read them; the penalties are
 # read as given.
 FLOAT32_READ = ("temperature", "top_p", "min_p")
@@ -141,17 +142,22 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
                         f"batch_size values; "
                         f"got {type(value).__name__}")
     integer = base_name(name) in INTEGER_PARAMETERS
-    number = int(value) if integer else float(value)
-    if integer and number != value:
+    try:
+        number = int(value) if integer else float(value)
+    except (OverflowError, ValueError):  # int() of an infinity or a NaN; float() of a huge int
+        number = None if integer else math.inf if value > 0 else -math.inf
+    if integer and (number is None or number != value):
         raise TypeError(f"{name} must be an int; got {value!r}")
     # On the Python number (no tensor made to check it), as the float32 it becomes.
     read = number if integer else as_float32(number)
     if not in_range(name, read):
         shown = "" if read == number else f" (as float32: {read!r})"
         raise ValueError(f"{name} must be {RANGES[base_name(name)]}; got {value!r}{shown}")
-    if integer:  # torch.full costs half torch.tensor's (it refuses floats past float32's range)
-        return torch.full((1,), number, dtype=torch.int64, device=device)
-    return torch.tensor([number], dtype=torch.float32, device=device)
+    if integer:  # a k past int64's range keeps every token, as any k >= V does
+        read = min(read, INT64_MAX)
+    # torch.full costs half torch.tensor's; it takes the float32 value read (it refuses a float64
+    # past float32's range, which rounds to inf).
+    return torch.full((1,), read, dtype=torch.int64 if integer else torch.float32, device=device)
 
 
 def as_parameters(device: torch.device, temperature, top_k, top_p, min_p, draft_temperature=None,
