@@ -227,6 +227,7 @@ def chain_speculative_sampling_from_logits(
     check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
                            emitted, seed_t, offset_t, parameters, LOGITS_NAMES, adjustments)
     check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
+    _step.check_order(processing_order)  # before an op's schema refuses a non-string unnamed
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
     if accepted is not None and emitted is not None:
@@ -386,6 +387,7 @@ def tree_speculative_sampling_from_logits(
     step = _step.as_step(device, logit_bias, allowed_token_bitmask, repetition_penalty,
                          frequency_penalty, presence_penalty, output_token_counts,
                          prompt_token_mask)
+    _step.check_order(processing_order)  # before an op's schema refuses a non-string unnamed
     _tree_from_logits.check(draft_probs, draft_token_ids, parents, target_logits, draft_logits,
                             seed_t, offset_t, *target, with_replacement, *draft, *step,
                             processing_order, verification)

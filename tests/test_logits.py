@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy
 import pytest
 import torch
 
@@ -325,10 +326,13 @@ def test_parameters_are_checked_as_the_float32_values_the_ops_read(monkeypatch):
     with pytest.raises(ValueError, match=r"frequency_penalty must be .*\(as float32: inf\)"):
         call(frequency_penalty=1e39, output_token_counts=torch.zeros_like(target[:, 0],
                                                                           dtype=torch.int64))
-    # A Python int past float64's range becomes float32's inf too, not an OverflowError.
+    # A Python int past float64's range becomes float32's inf too, not an OverflowError; an
+    # object a number cannot be made of (an array of several) is refused by name.
     assert torch.equal(call(temperature=10**400)[0], call(temperature=math.inf)[0])
     with pytest.raises(ValueError, match=r"top_p must be .*got 1000"):
         call(top_p=10**400)
+    with pytest.raises(TypeError, match=r"temperature must be a number >= 0 .* got ndarray"):
+        call(temperature=numpy.array([0.5, 0.7, 0.9, 1.0]))
     f64 = lambda value: torch.tensor([value], dtype=torch.float64)
     monkeypatch.setenv("SPECOPS_VALIDATE", "1")
     off = call(top_p=f64(1 + 1e-12), min_p=f64(-1e-50))[0]
@@ -471,6 +475,21 @@ def test_an_unknown_processing_order_is_refused_by_name():
         None, ids, target, processing_order="hf", seed=1)
     with pytest.raises(ValueError, match='processing_order must be "vllm" or "transformers"'):
         call()
+    # Not a string at all: refused by name too, not by the op's schema, on every entry and path.
+    batch, positions, vocab = target.shape
+    cu = torch.arange(batch + 1) * (positions - 1)
+    parents = torch.arange(positions - 1).expand(batch, -1)
+    entries = [lambda **kw: specops.chain_speculative_sampling_from_logits(None, ids, target, **kw),
+               lambda **kw: specops.chain_speculative_sampling_from_logits(
+                   None, ids, target, acceptance="typical", **kw),
+               lambda **kw: specops.tree_speculative_sampling_from_logits(None, ids, parents,
+                                                                          target, **kw),
+               lambda **kw: specops.varlen.chain_speculative_sampling_from_logits(
+                   None, ids.reshape(-1), target.reshape(-1, vocab), cu, positions - 1, **kw)]
+    for entry in entries:
+        for order in (None, 1, ["vllm"]):
+            with pytest.raises(ValueError, match="processing_order must be .*got"):
+                entry(processing_order=order, seed=1)
     torch._dynamo.reset()
     with pytest.raises(Exception, match='processing_order must be "vllm" or "transformers"'):
         torch.compile(call, backend="aot_eager", fullgraph=True)()

@@ -163,6 +163,7 @@ def test_triton_path_gives_the_torch_paths_tokens(kwargs, monkeypatch):
     (dict(acceptance="lossy"), 'acceptance must be "exact" or "typical"'),
     (dict(posterior_threshold=0.1), 'posterior_threshold applies to acceptance="typical"'),
     (dict(acceptance="typical", posterior_alpha=-1.0), "posterior_alpha must be a finite"),
+    (dict(acceptance="typical", posterior_alpha=10**400), "posterior_alpha must be a finite"),
     (dict(acceptance_rate=1.5), r"acceptance_rate must be a number in \[0, 1\]"),
     (dict(acceptance="typical", acceptance_rate=0.5), "acceptance_rate replaces"),
     (dict(acceptance="typical", verification="block"), "lossy acceptance replaces it"),
@@ -175,6 +176,18 @@ def test_the_arguments_are_checked_by_name(kwargs, fragment):
                            (specops.varlen.chain_speculative_sampling_from_logits, flattened)):
         with pytest.raises(ValueError, match=fragment):
             function(*args, seed=1, **kwargs)
+
+
+def test_a_python_int_threshold_is_the_number_it_stands_for():
+    """posterior_threshold and posterior_alpha as Python ints, past int64's range too: the
+    numbers they are, as floats give them, not an overflow inside torch."""
+    logits, ids = inputs()
+    call = lambda **kw: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids, logits, seed=1, acceptance="typical", **kw)
+    for given, same in ((dict(posterior_threshold=2**70), dict(posterior_threshold=2.0**70)),
+                        (dict(posterior_alpha=2**70), dict(posterior_alpha=2.0**70)),
+                        (dict(posterior_threshold=0), dict(posterior_threshold=0.0))):
+        assert all(map(torch.equal, call(**given), call(**same))), given
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -147,6 +147,7 @@ def chain_speculative_sampling_from_logits(
                         max_num_draft_tokens, draft_logits, accepted, emitted, seed_t, offset_t,
                         parameters, LOGITS_NAMES, adjustments)
     check_request(logprobs, num_top_logprobs, target_logits.shape[-1])
+    step.check_order(processing_order)  # before an op's schema refuses a non-string unnamed
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
     if accepted is not None and emitted is not None:

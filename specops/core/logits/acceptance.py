@@ -29,7 +29,7 @@ def check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rat
         if acceptance != "typical":
             raise ValueError(f'{name} applies to acceptance="typical" only')
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not 0 <= value < math.inf:
+                not 0 <= as_float(value) < math.inf:
             raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
     if acceptance_rate is not None:
         if acceptance == "typical":
@@ -46,13 +46,21 @@ def check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rat
     return lossy
 
 
+def as_float(value: int | float) -> float:
+    """A Python number as a float: an int past float64's range is an infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def typical_passes(logprobs: torch.Tensor, entropy: torch.Tensor, posterior_threshold=None,
                    posterior_alpha=None) -> torch.Tensor:
     """Medusa's test of drafts whose logprobs under their rows' processed distributions are
     ``logprobs``, the rows' entropies (nats) ``entropy``: p(d) > min(threshold,
     alpha * exp(-H)) (None: vLLM's defaults)."""
-    threshold = POSTERIOR_THRESHOLD if posterior_threshold is None else posterior_threshold
-    alpha = POSTERIOR_ALPHA if posterior_alpha is None else posterior_alpha
+    threshold = POSTERIOR_THRESHOLD if posterior_threshold is None else float(posterior_threshold)
+    alpha = POSTERIOR_ALPHA if posterior_alpha is None else float(posterior_alpha)
     bar = torch.clamp(alpha * torch.exp(-entropy.double()), max=threshold)
     return logprobs.double().exp() > bar
 

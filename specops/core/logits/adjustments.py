@@ -29,7 +29,7 @@ def split_trailing(rest: tuple) -> tuple[tuple, Step, str]:
 
 def check_order(processing_order) -> None:
     """``processing_order``: one of ``rule.ORDERS``."""
-    if processing_order not in ORDERS:
+    if not isinstance(processing_order, str) or processing_order not in ORDERS:
         raise ValueError(f'processing_order must be "vllm" or "transformers" (min-p after top-k '
                          f"and top-p); got {processing_order!r}")
 

@@ -144,6 +144,9 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
     integer = base_name(name) in INTEGER_PARAMETERS
     try:
         number = int(value) if integer else float(value)
+    except TypeError:  # a number-like object that is not one number (a numpy array, say)
+        raise TypeError(f"{name} must be {RANGES[base_name(name)]}, or a tensor of 1 or "
+                        f"batch_size values; got {type(value).__name__}") from None
     except (OverflowError, ValueError):  # int() of an infinity or a NaN; float() of a huge int
         number = None if integer else math.inf if value > 0 else -math.inf
     if integer and (number is None or number != value):
