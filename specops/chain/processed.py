@@ -40,8 +40,9 @@ def on_processed_rows(verify, process=params.each_processed, tell_processed: boo
             (temperature, top_k, top_p, min_p), draft_parameters, process, step,
             params.ORDERS[order])
         told = dict(processed=(True, draft_logits is not None)) if tell_processed else {}
+        # launch: a launcher's split, for warm-up and tests
         return verify(draft_probs, draft_token_ids, target_probs, accepted_num, emitted_num,
-                      seed, offset, *launch, **told)  # launch: a launcher's split, for warm-up and tests
+                      seed, offset, *launch, **told)
     backend.__name__ = verify.__name__.replace("_speculative_sampling",
                                                "_speculative_sampling_from_logits")
     return backend
