@@ -316,6 +316,17 @@ def logprobs_cases(rank, layout, vocab, padded_to):
         None, ids, target_pad[..., start:end], draft_logits=draft_pad[..., start:end],
         vocab_start=start, vocab_size=vocab, **flat)
     results["processed, T = +inf"] = (ours, single)
+    # Greedy rows whose largest logit two tokens of one shard share: one top token, the first.
+    tied = target.clone()
+    tied[..., 1:3] = target.amax(dim=-1, keepdim=True) + 1
+    tied_pad = torch.nn.functional.pad(tied, (0, padded_to - vocab), value=0.0)
+    greedy = dict(temperature=0.0, seed=torch.arange(6), num_top_logprobs=5, logprobs="processed")
+    at_peak = ids.clone()
+    at_peak[:, 0] = 1  # the argmax: accepted
+    single = specops.chain_speculative_sampling_from_logits(None, at_peak, tied, **greedy)
+    ours = sd.chain_speculative_sampling_from_logits(
+        None, at_peak, tied_pad[..., start:end], vocab_start=start, vocab_size=vocab, **greedy)
+    results["processed, greedy, tied peak"] = (ours, single)
     return results
 
 

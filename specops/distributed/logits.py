@@ -167,7 +167,10 @@ def shard_logprobs(shard: Shard, logits: torch.Tensor, token_ids: torch.Tensor, 
     candidates = torch.where(owns_greedy & first, local_argmax.clamp(0, shard.width - 1),
                              candidates)
     pad = (0, num_top - fewer)
-    values = torch.nn.functional.pad(logprobs_at(candidates), pad, value=-torch.inf)
+    # A greedy row's one token with probability is its argmax: a later slot holding it again (a
+    # tied peak) would name it twice.
+    values = torch.where(owns_greedy & ~first, -torch.inf, logprobs_at(candidates))
+    values = torch.nn.functional.pad(values, pad, value=-torch.inf)
     global_ids = torch.nn.functional.pad(candidates + shard.start, pad, value=-1)
     # The best are the largest logits among the tokens with probability (equal logprobs of
     # unequal logits, at T = +inf, ranked by the logits as on one device).
