@@ -438,6 +438,8 @@ def bad_inputs(rank, world):
             None, legal, dirty[..., start:end], seed=0, vocab_start=start))
         attempt("validate id", lambda: sd.chain_speculative_sampling(
             None, too_large, target[..., start:end], seed=0, vocab_start=start))
+        attempt("validate int32 ids", lambda: sd.chain_speculative_sampling(
+            None, legal.int(), target[..., start:end], seed=0, vocab_start=start))
         attempt("validate padding", lambda: sd.chain_speculative_sampling(
             None, legal, padded[..., start:end + (100 if rank == 1 else 0)], seed=0,
             vocab_start=start, vocab_size=vocab))

@@ -161,6 +161,7 @@ def test_validation_mode_refuses_bad_values_on_every_rank(two):
         assert kind == "ValueError" and message.startswith("draft_token_ids must be -1")
         assert "[0, 3000)" in message
     assert messages(two, "validate padding") == [None, None]  # NaN past vocab_size is not read
+    assert messages(two, "validate int32 ids") == [None, None]  # legal ids of either dtype
     for kind, message in messages(two, "validate mass"):  # the whole row's, over the ranks
         assert kind == "ValueError" and message.startswith("target_probs must hold probability")
         assert "row at index (1, 0)" in message

@@ -273,7 +273,8 @@ def check_values(
     """
     whole_rows = vocab is None
     vocab = target_probs.shape[-1] if vocab is None else vocab
-    where = first_bad_index((draft_token_ids < -1) | (draft_token_ids >= vocab))
+    ids = draft_token_ids.long()  # an int32 tensor compared with a vocab past its range wraps it
+    where = first_bad_index((ids < -1) | (ids >= vocab))
     if where is not None:
         value = int(draft_token_ids[where])
         raise ValueError(
