@@ -18,11 +18,12 @@ import torch
 from .chain.arguments import (ArgumentNames, check_arguments, counters_apart,
                               counters_apart_eagerly)
 from .chain.block import op as _block_op
+from .chain import from_logits as _chain_from_logits
 from .chain.from_logits import LogitsNames, check_logits_arguments
 from .chain.token import op as _op
 from .core.logits import adjustments as _step
 from .core.logits import parameters as _params
-from .core.ops.checks import require_tensor
+from .core.ops.checks import require_tensor, validating_eagerly
 from .core.ops.seeding import SeedLike, resolve_seed_and_offset
 from .chain.logprobs import chain_logprobs
 from .chain.outputs import add_counts
@@ -233,6 +234,10 @@ def chain_speculative_sampling_from_logits(
     if accepted is not None and emitted is not None:
         counters_apart(accepted, emitted, PUBLIC_NAMES)
     if lossy:
+        if validating_eagerly():  # the ops lossy acceptance runs read only part of the input
+            _chain_from_logits.check_op_values(
+                draft_probs, draft_token_ids, target_logits, draft_logits, seed_t, offset_t,
+                *parameters.values(), *adjustments, processing_order)
         accepted, emitted = _counters(accepted, emitted, target_logits.shape[0], device)
         output = lossy_chain(verifier, draft_token_ids, target_logits, accepted, emitted, seed_t,
                              offset_t, list(parameters.values())[:4], adjustments,
@@ -397,6 +402,11 @@ def tree_speculative_sampling_from_logits(
             raise ValueError(f'verification={verification!r} takes the exact acceptance only: '
                              f'lossy acceptance ({acceptance!r}, or acceptance_rate) judges each '
                              f'path by its own rule; pass verification="token"')
+        if validating_eagerly():  # the ops lossy acceptance runs read only part of the input
+            _tree_from_logits.check_values(
+                draft_probs, draft_token_ids, parents, target_logits, draft_logits, seed_t,
+                offset_t, *target, with_replacement, *draft, *step, processing_order,
+                verification)
         output, nodes, emitted = lossy_tree(
             _tree_op.tree_speculative_sampling_from_logits_op, draft_token_ids, parents,
             target_logits, seed_t, offset_t, target, processing_order, posterior_threshold,

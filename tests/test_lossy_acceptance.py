@@ -178,6 +178,38 @@ def test_the_arguments_are_checked_by_name(kwargs, fragment):
             function(*args, seed=1, **kwargs)
 
 
+@pytest.mark.parametrize("lossy", [dict(acceptance="typical"), dict(acceptance_rate=0.5)],
+                         ids=["typical", "rate"])
+def test_validation_mode_refuses_under_lossy_acceptance_what_it_refuses_under_exact(
+        lossy, monkeypatch):
+    """SPECOPS_VALIDATE=1 checks the values lossy acceptance is given as it checks exact
+    acceptance's, on every single-device entry: an id past the vocabulary, a NaN logit, a parent
+    that is not an earlier node (the ops lossy acceptance runs read only part of the input)."""
+    logits, ids = inputs()
+    bad_ids = ids.clone()
+    bad_ids[0, 0] = V + 3
+    nan = logits.clone()
+    nan[1, 0, 0] = torch.nan
+    parents = torch.arange(N).expand(B, -1).clone()
+    flat = lambda ids, logits: specops.varlen.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids.reshape(-1), logits.reshape(-1, V), torch.arange(B + 1) * N, N, seed=1,
+        **lossy)
+    chain = lambda ids, logits: specops.chain_speculative_sampling_from_logits(  # noqa: E731
+        None, ids, logits, seed=1, **lossy)
+    tree = lambda ids, logits, parents=parents: \
+        specops.tree_speculative_sampling_from_logits(None, ids, parents, logits, seed=1, **lossy)
+    monkeypatch.setenv("SPECOPS_VALIDATE", "1")
+    for entry in (chain, flat, tree):
+        entry(ids, logits)  # good values pass
+        with pytest.raises(ValueError, match="draft_token_ids must be -1"):
+            entry(bad_ids, logits)
+        with pytest.raises(ValueError, match="target_logits must be a number or -inf"):
+            entry(ids, nan)
+    parents[0, 1] = 3
+    with pytest.raises(ValueError, match="parents must give node i \\+ 1 a parent in"):
+        tree(ids, logits, parents)
+
+
 def test_a_python_int_threshold_is_the_number_it_stands_for():
     """posterior_threshold and posterior_alpha as Python ints, past int64's range too: the
     numbers they are, as floats give them, not an overflow inside torch."""

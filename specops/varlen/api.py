@@ -15,10 +15,10 @@ from ..core.logits.acceptance import check_lossy
 from ..chain.token.op import chain_speculative_sampling_from_logits_op
 from ..core.logits import adjustments as step
 from ..core.logits import parameters as params
-from ..core.ops.checks import require_tensor
+from ..core.ops.checks import require_tensor, validating_eagerly
 from ..core.ops.seeding import SeedLike, resolve_seed_and_offset
 from ..core.logprobs.outputs import check_request
-from .arguments import Names, check_layout, check_logits_layout
+from .arguments import Names, check_layout, check_logits_layout, check_logits_op_values
 from .logprobs import varlen_logprobs
 from .op import (varlen_chain_block_speculative_sampling_from_logits_op,
                  varlen_chain_block_speculative_sampling_op,
@@ -153,6 +153,11 @@ def chain_speculative_sampling_from_logits(
     if accepted is not None and emitted is not None:
         counters_apart(accepted, emitted, NAMES.chain)
     if lossy:  # as the padded batch the layout stands for, read where the rows are
+        if validating_eagerly():  # the ops lossy acceptance runs read only part of the input
+            check_logits_op_values(draft_probs, draft_token_ids, target_logits,
+                                   cu_num_draft_tokens, max_num_draft_tokens, draft_logits,
+                                   seed_t, offset_t, *parameters.values(), *adjustments,
+                                   processing_order)
         accepted, emitted = _counters(accepted, emitted, cu_num_draft_tokens.shape[0] - 1,
                                       device)
         output = lossy_chain(

@@ -73,6 +73,12 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 
 
+def validating_eagerly() -> bool:
+    """``validation_enabled`` in eager code: a value check outside an op reads the data on the
+    host, which a trace cannot (the ops' own checks run inside them, traced or not)."""
+    return not torch.compiler.is_compiling() and validation_enabled()
+
+
 def validation_enabled() -> bool:
     """Whether SPECOPS_VALIDATE asks for the value checks (read at every call)."""
     value = read_environment("SPECOPS_VALIDATE")
