@@ -225,12 +225,21 @@ def chain_speculative_sampling_from_logits(
     adjustments = _step.as_step(device, logit_bias, allowed_token_bitmask, repetition_penalty,
                                 frequency_penalty, presence_penalty, output_token_counts,
                                 prompt_token_mask)
-    check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits, accepted,
-                           emitted, seed_t, offset_t, parameters, LOGITS_NAMES, adjustments)
-    check_logprobs_request(logprobs, num_top_logprobs, target_logits.shape[-1])
     _step.check_order(processing_order)  # before an op's schema refuses a non-string unnamed
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
+    # The op checks its arguments under the names the caller gave them. This function checks
+    # them first where it reads them itself (lossy acceptance, logprobs), takes more (counters),
+    # or where the op's schema would refuse a tensor argument that is not one without its name.
+    tensors = (draft_token_ids, draft_probs, draft_logits, *adjustments)
+    if lossy or logprobs is not None or num_top_logprobs or accepted is not None or \
+            emitted is not None or not isinstance(draft_token_ids, torch.Tensor) or \
+            not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+        check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
+                               accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES,
+                               adjustments)
+    check_logprobs_request(logprobs, num_top_logprobs,
+                           target_logits.shape[-1] if target_logits.dim() else 0)
     if accepted is not None and emitted is not None:
         counters_apart(accepted, emitted, PUBLIC_NAMES)
     if lossy:
