@@ -15,8 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from .chain.arguments import (ArgumentNames, check_arguments, counters_apart,
-                              counters_apart_eagerly)
+from .chain.arguments import ArgumentNames, check_arguments, counters_apart
 from .chain.block import op as _block_op
 from .chain import from_logits as _chain_from_logits
 from .chain.from_logits import LogitsNames, check_logits_arguments
@@ -116,7 +115,7 @@ def chain_speculative_sampling(
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
-    counters_apart_eagerly(accepted, emitted, PUBLIC_NAMES)
+    counters_apart(accepted, emitted, PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                       offset_t, deterministic)
     return output, accepted, emitted

@@ -419,16 +419,26 @@ def test_aliased_counters_refused_from_logits_at_trace_time(layout, kind, fragme
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_a_compiled_step_refuses_counters_that_overlap_on_a_later_call(backend):
-    """Compiled with separate counters, a step from logits still refuses overlapping ones on a
-    later call (Dynamo guards no storage overlap, so no new trace would see them): the check runs
-    in the compiled code. (The probability ops check their counters in their own kernel.)"""
+@pytest.mark.parametrize("entry", ["logits", "probs", "flattened probs"])
+def test_a_compiled_step_refuses_counters_that_overlap_on_a_later_call(backend, entry):
+    """Compiled with separate counters, a step still refuses overlapping ones on a later call
+    (Dynamo guards no storage overlap, so no new trace would see them, and the compiled probability
+    op works on copies of its counters): the check runs in the compiled code, naming the caller's
+    arguments."""
+    import specops.varlen
+
     args = good_args()
-    ids, logits = args["draft_token_ids"], args["target_probs"].log()
+    draft, ids, probs = args["draft_probs"], args["draft_token_ids"], args["target_probs"]
 
     def step(acc, emit):
-        return specops.chain_speculative_sampling_from_logits(None, ids, logits, acc, emit,
-                                                              seed=1)
+        if entry == "logits":
+            return specops.chain_speculative_sampling_from_logits(None, ids, probs.log(), acc,
+                                                                  emit, seed=1)
+        if entry == "probs":
+            return specops.chain_speculative_sampling(draft, ids, probs, acc, emit, seed=1)
+        return specops.varlen.chain_speculative_sampling(
+            draft.reshape(-1, V), ids.reshape(-1), probs.reshape(-1, V),
+            torch.arange(B + 1) * N, N, acc, emit, seed=1)
 
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=backend, fullgraph=True)

@@ -197,14 +197,6 @@ def check_counters_apart(
         )
 
 
-def counters_apart_eagerly(accepted_num: torch.Tensor, emitted_num: torch.Tensor,
-                           names: ArgumentNames = OP_NAMES) -> None:
-    """``check_counters_apart`` for a public function whose op takes the counters: eagerly only,
-    since Dynamo cannot trace the storage comparison and the op's fake runs it there."""
-    if not torch.compiler.is_compiling():
-        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num, names=names)
-
-
 def counters_apart(accepted_num: torch.Tensor, emitted_num: torch.Tensor,
                    names: ArgumentNames = OP_NAMES) -> None:
     """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``.

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..api import PUBLIC_NAMES, VERIFICATIONS, Number, _counters
-from ..chain.arguments import counters_apart, counters_apart_eagerly
+from ..chain.arguments import counters_apart
 from ..chain.lossy import lossy_chain
 from ..chain.outputs import add_counts
 from ..core.logits.acceptance import check_lossy
@@ -83,7 +83,7 @@ def chain_speculative_sampling(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     check_layout(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
                  max_num_draft_tokens, accepted, emitted, seed_t, offset_t, NAMES)
-    counters_apart_eagerly(accepted, emitted, NAMES.chain)
+    counters_apart(accepted, emitted, NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_op if verification == "token"
                 else varlen_chain_block_speculative_sampling_op)
     output = verifier(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
