@@ -115,7 +115,7 @@ def chain_speculative_sampling(
     check_arguments(draft_probs=draft_probs, draft_token_ids=draft_token_ids,
                     target_probs=target_probs, accepted_num=accepted, emitted_num=emitted,
                     seed=seed_t, offset=offset_t, names=PUBLIC_NAMES)
-    counters_apart(accepted, emitted, PUBLIC_NAMES)
+    seed_t = counters_apart(accepted, emitted, seed_t, PUBLIC_NAMES)
     output = verifier(draft_probs, draft_token_ids, target_probs, accepted, emitted, seed_t,
                       offset_t, deterministic)
     return output, accepted, emitted
@@ -240,7 +240,7 @@ def chain_speculative_sampling_from_logits(
     check_logprobs_request(logprobs, num_top_logprobs,
                            target_logits.shape[-1] if target_logits.dim() else 0)
     if accepted is not None and emitted is not None:
-        counters_apart(accepted, emitted, PUBLIC_NAMES)
+        seed_t = counters_apart(accepted, emitted, seed_t, PUBLIC_NAMES)
     if lossy:
         if validating_eagerly():  # the ops lossy acceptance runs read only part of the input
             _chain_from_logits.check_op_values(

@@ -451,6 +451,30 @@ def test_a_compiled_step_refuses_counters_that_overlap_on_a_later_call(backend, 
         compiled(buf[:B], buf[1:])
 
 
+@pytest.mark.parametrize("case", ["chain, 0-D target", "chain, ids a list", "tree, 1-D target",
+                                  "tree from logits, 0-D target"])
+def test_a_target_of_another_rank_or_a_list_is_named_under_compile_too(case):
+    """The argument checks' one boolean pass raises nothing of its own (Dynamo hands no exception
+    raised there to an except clause): under torch.compile the caller sees the eager error, not
+    an IndexError or AttributeError from inside the check."""
+    ids, parents = torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64)
+    call, argument = {
+        "chain, 0-D target": (lambda: specops.chain_speculative_sampling(
+            None, ids, torch.tensor(0.5), seed=1), "target_probs"),
+        "chain, ids a list": (lambda: specops.chain_speculative_sampling(
+            None, [[0]], torch.rand(1, 2, 3), seed=1), "draft_token_ids"),
+        "tree, 1-D target": (lambda: specops.tree_speculative_sampling(
+            None, ids, parents, torch.rand(3), seed=1), "target_probs"),
+        "tree from logits, 0-D target": (lambda: specops.tree_speculative_sampling_from_logits(
+            None, ids, parents, torch.tensor(0.5), seed=1), "target_logits"),
+    }[case]
+    with pytest.raises((ValueError, TypeError)) as eager:
+        call()
+    assert str(eager.value).startswith(argument)
+    chain = errors_while_tracing(call)
+    assert any(str(eager.value) in str(e) for e in chain), [repr(e) for e in chain]
+
+
 def test_counters_in_one_buffer_without_overlap_are_fine():
     # Columns of one (B, 2) buffer, and halves of one buffer: no element shared, so allowed.
     args = good_args()

@@ -88,17 +88,23 @@ def check_arguments(
     One pass of cheap comparisons decides that all is well; only when it fails does the slow path
     look for the first problem and build its message (same checks, in order).
     """
-    try:
+    # Types and the target's rank first: Dynamo hands no exception raised in this pass to an
+    # except clause, so nothing here may raise one.
+    ok = (all(isinstance(t, torch.Tensor) for t in (draft_token_ids, target_probs, seed, offset))
+          and all(t is None or isinstance(t, torch.Tensor)
+                  for t in (draft_probs, accepted_num, emitted_num))
+          and target_probs.dim() == 3)
+    if ok:
         shape = target_probs.shape
         device = target_probs.device
         batch = shape[0]
         counters_ok = all(
             (counter is None and counters_optional)
-            or (counter.shape == (batch,) and counter.dtype in INDEX_DTYPES
-                and counter.device == device
+            or (counter is not None and counter.shape == (batch,)
+                and counter.dtype in INDEX_DTYPES and counter.device == device
                 and (counter.is_contiguous() or counter.stride(0) != 0))
             for counter in (accepted_num, emitted_num))
-        ok = (len(shape) == 3 and shape[1] >= 1 and shape[2] >= 1
+        ok = (shape[1] >= 1 and shape[2] >= 1
               and target_probs.dtype in PROB_DTYPES
               and draft_token_ids.shape == (batch, shape[1] - 1)
               and draft_token_ids.dtype in INDEX_DTYPES and draft_token_ids.device == device
@@ -111,8 +117,6 @@ def check_arguments(
               and seed.dtype == torch.int64 and seed.device == device
               and offset.dim() == 1 and (offset.shape[0] == 1 or offset.shape[0] == batch)
               and offset.dtype == torch.int64 and offset.device == device)
-    except (AttributeError, TypeError, IndexError):  # not tensors: the slow path names them
-        ok = False
     if not ok:
         _raise_first_problem(draft_probs, draft_token_ids, target_probs, accepted_num,
                              emitted_num, seed, offset, names, counters_optional)
@@ -197,31 +201,32 @@ def check_counters_apart(
         )
 
 
-def counters_apart(accepted_num: torch.Tensor, emitted_num: torch.Tensor,
-                   names: ArgumentNames = OP_NAMES) -> None:
-    """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``.
-    Dynamo cannot trace the storage comparison, so there an op runs it: its fake at trace time,
-    its kernel on every call of the compiled code (a later call may pass counters that overlap).
-    The op returns 0, added to accepted_num, so that compilers keep it: an op whose output nothing
-    uses is dead code to them."""
+def counters_apart(accepted_num: torch.Tensor, emitted_num: torch.Tensor, seed: torch.Tensor,
+                   names: ArgumentNames = OP_NAMES) -> torch.Tensor:
+    """``check_counters_apart`` for a public function, eagerly and under ``torch.compile``; returns
+    the seed tensor the call's op is to read. Dynamo cannot trace the storage comparison, nor does
+    it guard against views that overlap on a later call (and a compiled op that mutates the
+    counters works on copies), so there an op runs the check: its fake at trace time, its kernel
+    on every call of the compiled code. That op passes the seed through (a copy), so that the
+    verifying op depends on it: compilers keep it, and run it first."""
     if torch.compiler.is_compiling():
-        accepted_num.add_(_counters_apart(accepted_num, emitted_num, names.accepted_num,
-                                          names.emitted_num))
-    else:
-        check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num, names=names)
+        return _counters_apart(accepted_num, emitted_num, seed, names.accepted_num,
+                               names.emitted_num)
+    check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num, names=names)
+    return seed
 
 
-def _check_apart(accepted_num, emitted_num, accepted_name, emitted_name) -> torch.Tensor:
+def _check_apart(accepted_num, emitted_num, seed, accepted_name, emitted_name) -> torch.Tensor:
     check_counters_apart(accepted_num=accepted_num, emitted_num=emitted_num,
                          names=ArgumentNames(accepted_num=accepted_name,
                                              emitted_num=emitted_name))
-    return accepted_num.new_zeros(())
+    return seed.clone()
 
 
 _counters_apart = torch.library.custom_op(
     "specops::counters_apart", _check_apart, mutates_args=(),
-    schema="(Tensor accepted_num, Tensor emitted_num, str accepted_name, str emitted_name) "
-           "-> Tensor")
+    schema="(Tensor accepted_num, Tensor emitted_num, Tensor seed, str accepted_name, "
+           "str emitted_name) -> Tensor")
 _counters_apart.register_fake(_check_apart)
 
 

@@ -22,12 +22,18 @@ def check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, o
                     with_replacement, target_name: str = "target_probs") -> None:
     """Raise ValueError (shapes, devices) or TypeError (types, dtypes) naming the argument
     (``target_name``: what the caller calls target_probs, e.g. target_logits)."""
-    try:
+    # Types and the target's rank first: Dynamo hands no exception raised in this pass to an
+    # except clause, so nothing here may raise one.
+    ok = (all(isinstance(t, torch.Tensor)
+              for t in (draft_token_ids, parents, target_probs, seed, offset))
+          and (draft_probs is None or isinstance(draft_probs, torch.Tensor))
+          and target_probs.dim() == 3)
+    if ok:
         size = target_probs.shape
         device = target_probs.device
         batch = size[0]
         nodes = (batch, size[1] - 1)
-        ok = (len(size) == 3 and size[1] >= 2 and size[2] >= 1
+        ok = (size[1] >= 2 and size[2] >= 1
               and target_probs.dtype in PROB_DTYPES
               and draft_token_ids.shape == nodes and draft_token_ids.dtype in INDEX_DTYPES
               and draft_token_ids.device == device
@@ -41,8 +47,6 @@ def check_arguments(draft_probs, draft_token_ids, parents, target_probs, seed, o
               and offset.dim() == 1 and (offset.shape[0] == 1 or offset.shape[0] == batch)
               and offset.dtype == torch.int64 and offset.device == device
               and isinstance(with_replacement, bool))
-    except (AttributeError, TypeError, IndexError):  # not tensors: the slow path names them
-        ok = False
     if not ok:
         _raise_first_problem(draft_probs, draft_token_ids, parents, target_probs, seed, offset,
                              with_replacement, target_name)

@@ -83,7 +83,7 @@ def chain_speculative_sampling(
     seed_t, offset_t = resolve_seed_and_offset(seed, offset, generator, device)
     check_layout(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
                  max_num_draft_tokens, accepted, emitted, seed_t, offset_t, NAMES)
-    counters_apart(accepted, emitted, NAMES.chain)
+    seed_t = counters_apart(accepted, emitted, seed_t, NAMES.chain)
     verifier = (varlen_chain_speculative_sampling_op if verification == "token"
                 else varlen_chain_block_speculative_sampling_op)
     output = verifier(draft_probs, draft_token_ids, target_probs, cu_num_draft_tokens,
@@ -151,7 +151,7 @@ def chain_speculative_sampling_from_logits(
     lossy = check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rate,
                         verification)
     if accepted is not None and emitted is not None:
-        counters_apart(accepted, emitted, NAMES.chain)
+        seed_t = counters_apart(accepted, emitted, seed_t, NAMES.chain)
     if lossy:  # as the padded batch the layout stands for, read where the rows are
         if validating_eagerly():  # the ops lossy acceptance runs read only part of the input
             check_logits_op_values(draft_probs, draft_token_ids, target_logits,
