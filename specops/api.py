@@ -230,10 +230,10 @@ def chain_speculative_sampling_from_logits(
     # The op checks its arguments under the names the caller gave them. This function checks
     # them first where it reads them itself (lossy acceptance, logprobs), takes more (counters),
     # or where the op's schema would refuse a tensor argument that is not one without its name.
-    tensors = (draft_token_ids, draft_probs, draft_logits, *adjustments)
+    optional = (draft_probs, draft_logits, *adjustments)
     if lossy or logprobs is not None or num_top_logprobs or accepted is not None or \
             emitted is not None or not isinstance(draft_token_ids, torch.Tensor) or \
-            not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+            not all(t is None or isinstance(t, torch.Tensor) for t in optional):
         check_logits_arguments(draft_probs, draft_token_ids, target_logits, draft_logits,
                                accepted, emitted, seed_t, offset_t, parameters, LOGITS_NAMES,
                                adjustments)
