@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..sampling.probs import as_float
 from ..sampling.randomness import uniforms_at
 from ..sampling.slots import coin_slot
 
@@ -44,14 +45,6 @@ def check_lossy(acceptance, posterior_threshold, posterior_alpha, acceptance_rat
         raise ValueError('verification="block" is a rule of exact acceptance; lossy acceptance '
                          "replaces it")
     return lossy
-
-
-def as_float(value: int | float) -> float:
-    """A Python number as a float: an int past float64's range is an infinity."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
 
 
 def typical_passes(logprobs: torch.Tensor, entropy: torch.Tensor, posterior_threshold=None,

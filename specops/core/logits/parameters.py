@@ -9,7 +9,7 @@ import math
 import torch
 
 from ..ops.checks import first_bad_index
-from ..sampling.probs import as_float32
+from ..sampling.probs import as_float, as_float32
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -143,12 +143,12 @@ def as_parameter(name: str, value, device: torch.device) -> torch.Tensor:
                         f"got {type(value).__name__}")
     integer = base_name(name) in INTEGER_PARAMETERS
     try:
-        number = int(value) if integer else float(value)
+        number = int(value) if integer else as_float(value)
     except TypeError:  # a number-like object that is not one number (a numpy array, say)
         raise TypeError(f"{name} must be {RANGES[base_name(name)]}, or a tensor of 1 or "
                         f"batch_size values; got {type(value).__name__}") from None
-    except (OverflowError, ValueError):  # int() of an infinity or a NaN; float() of a huge int
-        number = None if integer else math.inf if value > 0 else -math.inf
+    except (OverflowError, ValueError):  # int() of an infinity or a NaN
+        number = None
     if integer and (number is None or number != value):
         raise TypeError(f"{name} must be an int; got {value!r}")
     # On the Python number (no tensor made to check it), as the float32 it becomes.

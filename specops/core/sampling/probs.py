@@ -36,6 +36,14 @@ def as_float32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
+def as_float(value) -> float:
+    """A Python number as a float: an int past float64's range is an infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def sanitized(x: float) -> float:
     """A probability as ``sanitize`` reads it: NaN, negative, infinite and too large -> 0."""
     return x if 0.0 < x < PROBABILITY_BOUND else 0.0
